@@ -1,0 +1,1 @@
+"""Shared code of the transfer-learning pipeline; the scripts in stages/ are thin wrappers over it."""

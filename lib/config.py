@@ -1,0 +1,318 @@
+"""params.yaml -> typed, validated dataclasses, once, at stage start.
+
+Every section of params.yaml is a dataclass below. `load_params` checks the whole file: an unknown
+key (with the closest valid one suggested), a wrong type or an impossible value stops the stage
+with one line that names the key, before any work is done.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from lib.errors import UserError
+
+Objective = Literal["clm", "mlm", "electra"]
+HUB_PREFIX = "hf:"
+LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
+
+
+class ParamsError(UserError):
+    pass
+
+
+@dataclass
+class CorpusConfig:
+    """Unlabeled text for language-model training (cleaned by the `clean` stage)."""
+
+    source: str  # a local file/folder, or hf:<dataset>[/<config>]
+    splits: list[str] = field(default_factory=lambda: ["train"])  # read and cleaned as training text
+    text_field: str = "text"
+    valid_split: str | None = None  # a split of the source used as validation text, else hashed out of train
+    valid_fraction: float = 0.01  # share of documents hashed into validation when valid_split is None
+    max_docs: int | None = None  # read at most this many documents per split (quick runs, tests)
+
+    def validate(self, key: str) -> None:
+        check_source(self.source, f"{key}.source")
+        if not self.splits:
+            raise ParamsError(f"{key}.splits: empty; name at least one split, e.g. [train]")
+        if self.valid_split is None and not 0.0 < self.valid_fraction < 1.0:
+            raise ParamsError(f"{key}.valid_fraction: {self.valid_fraction} must be in (0, 1)")
+        if self.valid_split in self.splits:
+            raise ParamsError(f"{key}.valid_split: '{self.valid_split}' is also in {key}.splits; "
+                              "validation text must not be training text")
+        if self.max_docs is not None and self.max_docs < 1:
+            raise ParamsError(f"{key}.max_docs: {self.max_docs} must be >= 1 (or null for all)")
+
+
+@dataclass
+class Corpora:
+    pretrain: CorpusConfig  # general-domain text for pretraining (default: Wikipedia)
+    domain: CorpusConfig  # target-domain text for adaptation (default: IMDb train + unsup)
+
+
+@dataclass
+class TaskConfig:
+    """A labeled task. `clean` uses its evaluation splits to decontaminate the LM corpora."""
+
+    source: str
+    text_field: str = "text"
+    text_pair_field: str | None = None  # second text of sentence-pair tasks
+    label_field: str = "label"
+    eval_splits: list[str] = field(default_factory=lambda: ["validation"])
+
+    def validate(self, key: str) -> None:
+        check_source(self.source, f"{key}.source")
+
+
+@dataclass
+class NearDedupConfig:
+    """MinHash + LSH near-duplicate removal over word shingles."""
+
+    enabled: bool = True
+    num_perm: int = 128
+    bands: int = 16  # num_perm / bands rows per band; candidate threshold ~ (1/bands)^(1/rows)
+    shingle_words: int = 5
+    threshold: float = 0.8  # estimated Jaccard similarity at or above which a document is a near-duplicate
+
+    def validate(self, key: str) -> None:
+        if self.num_perm < 1 or self.bands < 1 or self.num_perm % self.bands:
+            raise ParamsError(f"{key}.bands: {self.bands} must divide {key}.num_perm ({self.num_perm})")
+        if self.shingle_words < 1:
+            raise ParamsError(f"{key}.shingle_words: {self.shingle_words} must be >= 1")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ParamsError(f"{key}.threshold: {self.threshold} must be in (0, 1]")
+
+
+@dataclass
+class DecontaminateConfig:
+    """Drop LM training documents that contain an evaluation example of a task."""
+
+    enabled: bool = True
+    min_words: int = 8  # shorter evaluation examples are too generic to match on (counted, not used)
+
+    def validate(self, key: str) -> None:
+        if self.min_words < 1:
+            raise ParamsError(f"{key}.min_words: {self.min_words} must be >= 1")
+
+
+@dataclass
+class CleanConfig:
+    unicode_nfkc: bool = True
+    strip_html: bool = True
+    remove_control_chars: bool = True
+    collapse_whitespace: bool = True
+    min_chars: int = 200
+    max_chars: int = 1_000_000
+    min_alpha_ratio: float = 0.6  # junk filter: share of letters among non-space characters
+    exact_dedup: bool = True
+    near_dedup: NearDedupConfig = field(default_factory=NearDedupConfig)
+    decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
+    workers: int = 0  # processes for the per-document rules; 0 = one per CPU core
+    batch_docs: int = 64  # documents per work item sent to a worker
+
+    def validate(self, key: str) -> None:
+        if self.min_chars < 0 or self.max_chars < max(self.min_chars, 1):
+            raise ParamsError(f"{key}.max_chars: {self.max_chars} must be >= {key}.min_chars ({self.min_chars})")
+        if not 0.0 <= self.min_alpha_ratio <= 1.0:
+            raise ParamsError(f"{key}.min_alpha_ratio: {self.min_alpha_ratio} must be in [0, 1]")
+        if self.workers < 0:
+            raise ParamsError(f"{key}.workers: {self.workers} must be >= 0 (0 = one per CPU core)")
+        if self.batch_docs < 1:
+            raise ParamsError(f"{key}.batch_docs: {self.batch_docs} must be >= 1")
+
+
+@dataclass
+class SpecialTokens:
+    pad: str = "[PAD]"
+    unk: str = "[UNK]"
+    bos: str = "[CLS]"  # starts a sequence: BERT's [CLS], GPT's <s>
+    eos: str = "[SEP]"  # ends a sequence / separates documents and segments
+    mask: str = "[MASK]"
+
+    def as_list(self) -> list[str]:
+        """In id order: pad=0, unk=1, bos=2, eos=3, mask=4."""
+        return [self.pad, self.unk, self.bos, self.eos, self.mask]
+
+    def validate(self, key: str) -> None:
+        tokens = self.as_list()
+        if any(not t or t.isspace() for t in tokens):
+            raise ParamsError(f"{key}: special tokens must be non-empty strings, got {tokens}")
+        if len(set(tokens)) != len(tokens):
+            raise ParamsError(f"{key}: special tokens must be distinct, got {tokens}")
+
+
+@dataclass
+class TokenizerConfig:
+    algorithm: Literal["bpe", "wordpiece", "unigram"] = "bpe"  # byte-level BPE, WordPiece, sentencepiece Unigram
+    vocab_size: int = 16384
+    lowercase: bool = False
+    min_frequency: int = 2  # bpe/wordpiece: merges seen fewer times are not learned
+    train_chars: int | None = 20_000_000  # train on the first N chars of the cleaned corpus; null = all
+    special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
+    batch_docs: int = 256  # documents per encode_batch call
+
+    def validate(self, key: str) -> None:
+        n_special = len(self.special_tokens.as_list())
+        minimum = n_special + (256 if self.algorithm == "bpe" else 1)
+        if self.vocab_size < minimum:
+            why = f"{n_special} special tokens" + (" + 256 byte tokens" if self.algorithm == "bpe" else " + 1")
+            raise ParamsError(f"{key}.vocab_size: {self.vocab_size} is too small for {self.algorithm} "
+                              f"(needs >= {minimum}: {why}); raise it")
+        if self.vocab_size > 2**32 - 1:
+            raise ParamsError(f"{key}.vocab_size: {self.vocab_size} must fit in 32 bits")
+        if self.min_frequency < 1:
+            raise ParamsError(f"{key}.min_frequency: {self.min_frequency} must be >= 1")
+        if self.train_chars is not None and self.train_chars < 1:
+            raise ParamsError(f"{key}.train_chars: {self.train_chars} must be >= 1 (or null for all)")
+        if self.batch_docs < 1:
+            raise ParamsError(f"{key}.batch_docs: {self.batch_docs} must be >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    experiment: str = "transfer-pipeline"  # the MLflow experiment every stage logs into
+
+
+@dataclass
+class Params:
+    corpora: Corpora
+    tasks: dict[str, TaskConfig]
+    seed: int = 1337
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    objective: Objective = "mlm"
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+
+def check_source(source: str, key: str) -> None:
+    """A local source must exist now; a hub source is resolved by `datasets` when it is read."""
+    if source.startswith(HUB_PREFIX):
+        if not source[len(HUB_PREFIX):].strip("/"):
+            raise ParamsError(f"{key}: '{source}' names no dataset; write hf:<dataset>[/<config>]")
+        return
+    path = Path(source)
+    if not path.exists():
+        raise ParamsError(f"{key}: '{source}' does not exist; point it at a file or folder of "
+                          f"{'/'.join(LOCAL_SUFFIXES)} files, or a hub dataset as hf:<dataset>[/<config>]")
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found; run from the project root or pass --params") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ParamsError(f"{path}:{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
+    try:
+        return build(Params, raw, "")
+    except ParamsError as err:
+        raise ParamsError(f"{path}: {err}") from None
+
+
+def build(cls: type, data: Any, key: str) -> Any:
+    """Build dataclass `cls` from a dict, checking keys and types, then run its validate(key)."""
+    where = key or "top level"
+    if not isinstance(data, dict):
+        raise ParamsError(f"{where}: expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean '{_join(key, close[0])}'?" if close else f"; valid keys: {', '.join(known)}"
+            raise ParamsError(f"{_join(key, str(name))}: unknown key{hint}")
+    values = {}
+    for name, f in known.items():
+        if name in data:
+            values[name] = _coerce(data[name], hints[name], _join(key, name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ParamsError(f"{_join(key, name)}: required key is missing")
+    obj = cls(**values)
+    if hasattr(obj, "validate"):
+        obj.validate(key)
+    return obj
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _coerce(value, option, key)
+            except ParamsError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ParamsError(f"{key}: '{value}' is not one of {', '.join(map(str, args))}{hint}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ParamsError(f"{key}: expected a list, got {_describe(value)}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{key}: expected a mapping, got {_describe(value)}")
+        return {str(k): _coerce(v, args[1], _join(key, str(k))) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ParamsError(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamsError(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamsError(f"{key}: expected a number, got {_describe(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ParamsError(f"{key}: expected a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"params type {tp} of {key} is not supported")  # a bug in this file, not user input
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Dataclasses/dicts -> {'clean.near_dedup.num_perm': 128, ...}, for tracking."""
+    if dataclasses.is_dataclass(obj):
+        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, _join(prefix, str(k))))
+        return out
+    return {prefix: obj}

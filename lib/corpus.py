@@ -1,0 +1,95 @@
+"""Clean a configured corpus into `train` and `valid` JSONL.gz files, and read them back.
+
+Layout written by the clean stage: `<out>/<corpus>/{train,valid}.jsonl.gz`, one {"text": ...}
+object per line, which later stages stream through `lib.sources` like any other local source.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from lib.clean import CleanStats, DocumentCleaner
+from lib.config import CorpusConfig, TaskConfig
+from lib.errors import UserError
+from lib.sources import read_texts
+
+TRAIN, VALID = "train", "valid"
+SUFFIX = ".jsonl.gz"
+
+
+def in_valid_split(text: str, valid_fraction: float) -> bool:
+    """Deterministic, order-free split: a document's hash decides, so reruns and reorders agree."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < valid_fraction * 2**64
+
+
+def eval_texts(tasks: dict[str, TaskConfig]) -> Iterator[str]:
+    """Every text of every task's evaluation splits (both texts of a pair), for decontamination."""
+    for name, task in tasks.items():
+        for split in task.eval_splits:
+            for field in filter(None, (task.text_field, task.text_pair_field)):
+                yield from read_texts(task.source, split, field, f"tasks.{name}.eval_splits")
+
+
+class JsonlWriter:
+    """Streams {"text": ...} lines into a gzip file (level 1: cleaning, not compression, is the point)."""
+
+    def __init__(self, path: Path):
+        self.path, self.docs, self.chars = path, 0, 0
+        self._file = gzip.open(path, "wt", encoding="utf-8", compresslevel=1)
+
+    def write(self, text: str) -> None:
+        self._file.write(json.dumps({"text": text}, ensure_ascii=False))
+        self._file.write("\n")
+        self.docs += 1
+        self.chars += len(text)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path) -> dict:
+    """Clean `corpus` into out_dir/{train,valid}.jsonl.gz; return its statistics.
+
+    A source validation split is cleaned first, so training documents that duplicate a validation
+    document are the ones dropped and the validation set stays as the source defines it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writers = {split: JsonlWriter(out_dir / f"{split}{SUFFIX}") for split in (TRAIN, VALID)}
+    stats = CleanStats()
+    start = time.perf_counter()
+    try:
+        if corpus.valid_split is not None:
+            for text in cleaner.run(_read(corpus, [corpus.valid_split], key), stats):
+                writers[VALID].write(text)
+            for text in cleaner.run(_read(corpus, corpus.splits, key), stats):
+                writers[TRAIN].write(text)
+        else:
+            for text in cleaner.run(_read(corpus, corpus.splits, key), stats):
+                writers[VALID if in_valid_split(text, corpus.valid_fraction) else TRAIN].write(text)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    seconds = time.perf_counter() - start
+    for split, writer in writers.items():
+        if writer.docs == 0:
+            raise UserError(f"{key}: no {split} documents left after cleaning ({stats.docs_in} read); "
+                            f"use more data{' or a larger valid_fraction' if split == VALID else ''}, "
+                            "or loosen the clean rules (see metrics)")
+    return {**stats.as_dict(), "seconds": round(seconds, 3),
+            "mb_per_s": round(stats.chars_in / 1e6 / max(seconds, 1e-9), 2),
+            **{f"{split}_docs": w.docs for split, w in writers.items()},
+            **{f"{split}_chars": w.chars for split, w in writers.items()}}
+
+
+def _read(corpus: CorpusConfig, splits: Iterable[str], key: str) -> Iterator[str]:
+    for split in splits:
+        yield from read_texts(corpus.source, split, corpus.text_field, f"{key}.splits", corpus.max_docs)
+
+
+def read_clean(clean_dir: Path, corpus: str, split: str) -> Iterator[str]:
+    """Texts of a cleaned corpus split, as written by clean_corpus."""
+    return read_texts(str(clean_dir / corpus / f"{split}{SUFFIX}"), TRAIN, "text", f"{clean_dir}/{corpus}")

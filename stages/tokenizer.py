@@ -1,0 +1,76 @@
+"""Stage `tokenizer`: train a tokenizer on cleaned pretraining text, encode the corpora to packed tokens.
+
+Writes `<out>/tokenizer.json` (+ `spm.model` for unigram) and, for each corpus and split,
+`<tokens>/<corpus>/<split>.{bin,idx,wstart,json}`; metrics JSON and a document-length plot CSV.
+"""
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from lib import tracking
+from lib.config import load_params
+from lib.corpus import TRAIN, VALID, read_clean
+from lib.errors import run_main
+from lib.io import atomic_dir, atomic_file, write_json
+from lib.packed import PackedTokens, encode_to_packed
+from lib.tokenizer import train_tokenizer
+
+CORPORA = ("pretrain", "domain")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--clean", type=Path, default=Path("data/clean"))
+    parser.add_argument("--out", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics/tokenizer.json"))
+    parser.add_argument("--plots", type=Path, default=Path("plots/tokenizer"))
+    args = parser.parse_args()
+    params = load_params(args.params)
+    cfg = params.tokenizer
+
+    with tracking.stage_run("tokenizer", params.tracking, params, {"tokenizer": cfg}) as run:
+        tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, args.out)  # written atomically
+        vocab_size = tokenizer.get_vocab_size()
+        eos_id = tokenizer.token_to_id(cfg.special_tokens.eos)
+        metrics: dict = {"vocab_size": vocab_size, "algorithm": cfg.algorithm}
+        with atomic_dir(args.tokens) as tokens:
+            for corpus in CORPORA:
+                for split in (TRAIN, VALID):
+                    prefix = tokens / corpus / split
+                    prefix.parent.mkdir(parents=True, exist_ok=True)
+                    stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
+                                             vocab_size, eos_id, cfg.batch_docs)
+                    metrics[f"{corpus}_{split}"] = summarize(stats)
+                    print(f"tokenizer: {corpus}/{split}: {stats.tokens} tokens from {stats.docs} docs "
+                          f"({metrics[f'{corpus}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)
+            lengths = {c: np.diff(PackedTokens(tokens / c / TRAIN).doc_offsets) for c in CORPORA}
+        write_json(args.metrics, metrics)
+        write_length_plot(args.plots / "doc_lengths.csv", lengths)
+        run.log_metrics(metrics)
+        run.log_artifact(args.metrics)
+        run.log_artifact(args.plots, "plots")
+        run.log_artifact(args.out, "tokenizer")
+
+
+def summarize(stats) -> dict:
+    return {"docs": stats.docs, "tokens": stats.tokens, "tokens_per_word": round(stats.tokens_per_word, 4),
+            "unk_rate": round(stats.unk / max(stats.tokens, 1), 6), "tokens_per_s": round(stats.tokens_per_second, 1)}
+
+
+def write_length_plot(path: Path, lengths: dict[str, np.ndarray]) -> None:
+    """Documents per power-of-two length bin, per corpus: what a seq_len choice cuts or pads."""
+    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tokens_bin", "docs"])
+        for corpus, doc_lengths in lengths.items():
+            bins = np.ceil(np.log2(np.maximum(doc_lengths, 1))).astype(int)
+            for b, count in zip(*np.unique(bins, return_counts=True)):
+                writer.writerow([f"{corpus}: <= {2 ** b} tokens", int(count)])
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,107 @@
+"""params.yaml validation: every mistake stops at start with one line naming the key."""
+import pytest
+
+from lib.config import ParamsError, flatten, load_params
+from tests.conftest import write_params
+
+
+def load(tmp_path, params):
+    return load_params(write_params(tmp_path / "params.yaml", params))
+
+
+def error_of(tmp_path, params) -> str:
+    with pytest.raises(ParamsError) as info:
+        load(tmp_path, params)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_default_params_load(chdir_root):
+    params = load_params("params.yaml")
+    assert params.objective in ("clm", "mlm", "electra")
+    assert params.corpora.pretrain.valid_split == "validation"
+    assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte"}
+    assert params.tasks["mrpc"].text_pair_field == "text_b"
+
+
+def test_unknown_key_suggests_closest(chdir_root, tmp_path, default_params):
+    default_params["clean"]["min_char"] = 10
+    assert "clean.min_char: unknown key; did you mean 'clean.min_chars'?" in error_of(tmp_path, default_params)
+
+
+def test_unknown_top_level_key(chdir_root, tmp_path, default_params):
+    default_params["tokeniser"] = {}
+    assert "tokeniser: unknown key; did you mean 'tokenizer'?" in error_of(tmp_path, default_params)
+
+
+def test_wrong_type_names_key(chdir_root, tmp_path, default_params):
+    default_params["tokenizer"]["vocab_size"] = "big"
+    assert "tokenizer.vocab_size: expected an integer, got str 'big'" in error_of(tmp_path, default_params)
+
+
+def test_bool_is_not_an_int(chdir_root, tmp_path, default_params):
+    default_params["clean"]["min_chars"] = True
+    assert "clean.min_chars: expected an integer" in error_of(tmp_path, default_params)
+
+
+def test_bad_choice_suggests(chdir_root, tmp_path, default_params):
+    default_params["objective"] = "electr"
+    assert "objective: 'electr' is not one of clm, mlm, electra; did you mean 'electra'?" in error_of(tmp_path, default_params)
+
+
+def test_vocab_too_small_for_specials(chdir_root, tmp_path, default_params):
+    default_params["tokenizer"]["vocab_size"] = 100
+    message = error_of(tmp_path, default_params)
+    assert "tokenizer.vocab_size: 100 is too small for bpe (needs >= 261" in message
+
+
+def test_duplicate_special_tokens(chdir_root, tmp_path, default_params):
+    default_params["tokenizer"]["special_tokens"]["mask"] = "[PAD]"
+    assert "tokenizer.special_tokens: special tokens must be distinct" in error_of(tmp_path, default_params)
+
+
+def test_missing_source(chdir_root, tmp_path, default_params):
+    default_params["tasks"]["sst2"]["source"] = "../shared/data/sst3"
+    assert "tasks.sst2.source: '../shared/data/sst3' does not exist" in error_of(tmp_path, default_params)
+
+
+def test_hub_source_is_not_checked_for_existence(chdir_root, tmp_path, default_params):
+    default_params["corpora"]["pretrain"]["source"] = "hf:wikitext/wikitext-103-raw-v1"
+    assert load(tmp_path, default_params).corpora.pretrain.source.startswith("hf:")
+
+
+def test_empty_hub_name(chdir_root, tmp_path, default_params):
+    default_params["corpora"]["pretrain"]["source"] = "hf:"
+    assert "corpora.pretrain.source: 'hf:' names no dataset" in error_of(tmp_path, default_params)
+
+
+def test_missing_required_section(chdir_root, tmp_path, default_params):
+    del default_params["corpora"]["domain"]
+    assert "corpora.domain: required key is missing" in error_of(tmp_path, default_params)
+
+
+def test_impossible_values(chdir_root, tmp_path, default_params):
+    default_params["clean"]["near_dedup"]["bands"] = 7
+    assert "clean.near_dedup.bands: 7 must divide clean.near_dedup.num_perm (128)" in error_of(tmp_path, default_params)
+    default_params["clean"]["near_dedup"]["bands"] = 16
+    default_params["corpora"]["pretrain"]["splits"] = ["train", "validation"]
+    assert "corpora.pretrain.valid_split: 'validation' is also in corpora.pretrain.splits" in error_of(tmp_path, default_params)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("seed: 1\nclean: {min_chars: 3\n")
+    with pytest.raises(ParamsError, match=r"params.yaml: line \d+: not valid YAML"):
+        load_params(path)
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_flatten_nested(chdir_root):
+    flat = flatten(load_params("params.yaml").clean)
+    assert flat["near_dedup.num_perm"] == 128
+    assert flat["decontaminate.enabled"] is True

@@ -1,0 +1,42 @@
+"""Atomic outputs: all or nothing, with ordinary permissions."""
+import os
+import stat
+
+import pytest
+
+from lib.io import atomic_dir, atomic_file, write_json
+
+
+def test_atomic_dir_replaces_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("1")
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out) as tmp:
+            (tmp / "b").write_text("2")
+            raise RuntimeError("killed half way")
+    assert sorted(p.name for p in out.iterdir()) == ["a"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left behind
+
+
+def test_atomic_file_keeps_old_content_on_failure(tmp_path):
+    path = tmp_path / "m.json"
+    write_json(path, {"x": 1})
+    with pytest.raises(ValueError):
+        with atomic_file(path) as f:
+            f.write("partial")
+            raise ValueError
+    assert path.read_text() == '{\n  "x": 1\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def test_outputs_get_umask_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "m.json", {})
+        with atomic_dir(tmp_path / "d"):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755

@@ -1,0 +1,154 @@
+"""End to end as a user runs it: `dvc repro` in a copy of the repo on tiny slices of the real data."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, SHARED_DATA, write_jsonl_gz
+
+# rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
+TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "unsup": 150, "test": 60},
+        "sst2": {"validation": 60, "test": 60}, "cola": {"validation": 40, "test_unlabeled": 40},
+        "mrpc": {"validation": 40, "test": 40}, "rte": {"validation": 30, "test_unlabeled": 30}}
+
+
+def head(path: Path, n: int) -> list[dict]:
+    rows = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line, _ in zip(f, range(n)):
+            rows.append(json.loads(line))
+    return rows
+
+
+def make_tiny_data(shared: Path) -> str:
+    """Tiny slices of ../shared/data, plus one duplicate and one contaminated article; returns the
+    evaluation sentence planted in the pretraining text."""
+    for name, splits in TINY.items():
+        for split, n in splits.items():
+            rows = head(SHARED_DATA / name / f"{split}.jsonl.gz", n)
+            if name == "wikipedia_en":
+                rows = [{**r, "text": r["text"][:4000]} for r in rows]
+            write_jsonl_gz(shared / name / f"{split}.jsonl.gz", rows)
+    planted = next(r["text"] for r in head(SHARED_DATA / "sst2" / "validation.jsonl.gz", 60)
+                   if len(r["text"].split()) >= 12)
+    wiki = shared / "wikipedia_en" / "train.jsonl.gz"
+    rows = head(wiki, 10**6)
+    rows.append(dict(rows[0]))  # an exact duplicate article
+    rows.append({**rows[1], "text": rows[1]["text"] + "\n\nAs a critic wrote: " + planted.upper()})
+    write_jsonl_gz(wiki, rows)
+    return planted
+
+
+def copy_repo(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+
+
+def tiny_params(repo: Path) -> None:
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    params["clean"].update(min_chars=20, workers=2, batch_docs=8)
+    params["corpora"]["domain"]["valid_fraction"] = 0.1
+    params["tokenizer"].update(vocab_size=400, train_chars=None, batch_docs=16)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def run(repo: Path, *args: str) -> str:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    base = tmp_path_factory.mktemp("pipeline")
+    repo = base / "repo"
+    planted = make_tiny_data(base / "shared" / "data")
+    copy_repo(repo)
+    tiny_params(repo)
+    run(repo, "git", "init", "-q")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "tiny")
+    return repo, planted
+
+
+def stage_runs(repo: Path) -> list:
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("transfer-pipeline")
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_repro_cleans_tokenizes_tracks_and_caches(repo):
+    repo, planted = repo
+    out = run(repo, "dvc", "repro")
+    assert "Running stage 'clean'" in out and "Running stage 'tokenizer'" in out
+
+    clean = json.loads((repo / "metrics/clean.json").read_text())
+    assert clean["pretrain"]["dropped"]["exact_dup"] >= 1
+    assert clean["pretrain"]["dropped"]["contaminated"] >= 1
+    assert clean["domain"]["rewritten"]["strip_html"] > 0  # IMDb's <br /> tags
+    texts = [json.loads(line)["text"] for line in gzip.open(repo / "data/clean/pretrain/train.jsonl.gz", "rt")]
+    assert texts and not any(planted.lower() in t.lower() for t in texts)
+    assert (repo / "data/clean/domain/valid.jsonl.gz").exists()
+
+    tok = json.loads((repo / "metrics/tokenizer.json").read_text())
+    assert tok["vocab_size"] <= 400 and tok["pretrain_train"]["tokens"] > 1000
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(repo / "data/tokenizer/tokenizer.json"))
+    assert tokenizer.token_to_id("[MASK]") == 4
+    for corpus in ("pretrain", "domain"):
+        for split in ("train", "valid"):
+            assert (repo / f"data/tokens/{corpus}/{split}.bin").stat().st_size > 0
+    assert (repo / "plots/clean/rules.csv").read_text().startswith("rule,docs")
+
+    runs = stage_runs(repo)
+    parents = [r for r in runs if r.data.tags["pipeline.role"] == "pipeline"]
+    stages = [r for r in runs if r.data.tags["pipeline.role"] == "stage"]
+    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == ["clean", "tokenizer"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
+    assert stages[0].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
+    assert stages[1].data.params["tokenizer.vocab_size"] == "400"
+
+    # nothing changed: nothing reruns, nothing new is tracked
+    out = run(repo, "dvc", "repro")
+    assert "Running stage" not in out
+    assert len(stage_runs(repo)) == 3
+
+
+def test_param_change_reruns_only_what_depends_on_it(repo):
+    repo, _ = repo
+    out = run(repo, "dvc", "exp", "run", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
+    assert "Running stage 'tokenizer'" in out and "Running stage 'clean'" not in out
+    tok = json.loads((repo / "metrics/tokenizer.json").read_text())
+    assert tok["algorithm"] == "wordpiece"
+    latest = [r for r in stage_runs(repo) if r.data.tags.get("stage") == "tokenizer"][-1]
+    assert latest.data.tags["dvc.exp_name"] == "wordpiece"
+    shown = json.loads(run(repo, "dvc", "exp", "show", "--json"))
+    assert "wordpiece" in json.dumps(shown)
+
+
+def test_bad_params_fail_in_one_line(repo):
+    repo, _ = repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["clean"]["min_char"] = 5
+    bad = repo / "bad-params.yaml"
+    bad.write_text(yaml.safe_dump(params))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "stages.clean", "--params", str(bad), "--out", "data/x"],
+                          cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {bad}: clean.min_char: unknown key; did you mean 'clean.min_chars'?"
+    assert not (repo / "data/x").exists()

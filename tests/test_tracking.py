@@ -1,0 +1,112 @@
+"""Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lib import tracking
+from lib.config import TrackingConfig
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(tracking, "_warned", False)
+    return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def runs(client, experiment="transfer-pipeline"):
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    return client.search_runs([experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_store_is_absolute_at_project_root(store, tmp_path):
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_env_tracking_uri_wins(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://example.invalid:5000")
+    assert tracking.tracking_uri() == "http://example.invalid:5000"
+
+
+def test_stages_nest_under_one_parent(store):
+    cfg = TrackingConfig()
+    all_params = {"clean": {"min_chars": 5, "list": list(range(1000))}, "seed": 1}
+    with tracking.stage_run("clean", cfg, all_params, {"clean": {"min_chars": 5}}) as run:
+        run.log_metrics({"pretrain": {"docs_out": 3, "dropped": {"junk": 1}}, "note": "skipped"})
+        run.log_metrics({"loss": 2.5}, step=10)
+    with tracking.stage_run("tokenizer", cfg, all_params, {"tokenizer": {"vocab_size": 300}}):
+        pass
+    parents = [r for r in runs(store) if r.data.tags["pipeline.role"] == "pipeline"]
+    stages = [r for r in runs(store) if r.data.tags["pipeline.role"] == "stage"]
+    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == ["clean", "tokenizer"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in stages} == {parents[0].info.run_id}
+    clean = stages[0]
+    assert clean.data.params["clean.min_chars"] == "5"
+    assert clean.data.metrics["pretrain.dropped.junk"] == 1 and "note" not in clean.data.metrics
+    assert [m.step for m in store.get_metric_history(clean.info.run_id, "loss")] == [10]
+    assert len(parents[0].data.params["clean.list"]) <= tracking.MAX_PARAM_CHARS  # long values clipped
+    for tag in ("git.commit", "git.dirty", "dvc.exp_name"):
+        assert tag in clean.data.tags
+    assert all(r.info.status == "FINISHED" for r in runs(store))
+
+
+def test_rerun_of_a_stage_opens_a_new_parent(store):
+    for _ in range(2):
+        with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+            pass
+    assert sum(r.data.tags["pipeline.role"] == "pipeline" for r in runs(store)) == 2
+
+
+def test_stale_parent_is_not_joined(store, monkeypatch):
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+        pass
+    monkeypatch.setattr(time, "time", lambda: 10**10)  # long after the last stage ended
+    with tracking.stage_run("tokenizer", TrackingConfig(), {}, {}):
+        pass
+    assert sum(r.data.tags["pipeline.role"] == "pipeline" for r in runs(store)) == 2
+
+
+def test_experiments_group_separately(store, monkeypatch):
+    for name in ("exp-a", "exp-b"):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+            pass
+    parents = [r for r in runs(store) if r.data.tags["pipeline.role"] == "pipeline"]
+    assert sorted(r.data.tags["dvc.exp_name"] for r in parents) == ["exp-a", "exp-b"]
+
+
+def test_failed_stage_marks_runs_failed(store):
+    with pytest.raises(RuntimeError):
+        with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+            raise RuntimeError("boom")
+    assert {r.info.status for r in runs(store)} == {"FAILED"}
+
+
+def test_artifacts_land_beside_the_store(store, tmp_path):
+    metrics = tmp_path / "m.json"
+    metrics.write_text("{}")
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}) as run:
+        run.log_artifact(metrics)
+    stage = next(r for r in runs(store) if r.data.tags["pipeline.role"] == "stage")
+    assert stage.info.artifact_uri.startswith((tmp_path / "mlruns").as_uri())
+    assert [f.path for f in store.list_artifacts(stage.info.run_id)] == ["m.json"]
+
+
+def test_unreachable_store_warns_once_and_stage_finishes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tracking, "_warned", False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{blocker}/mlflow.db")
+    with tracking.stage_run("clean", TrackingConfig(), {}, {"a": 1}) as run:
+        run.log_metrics({"x": 1.0})
+        run.log_artifact(__file__)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "MLflow tracking is off" in err
+
+
+def test_disabled_tracking_touches_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    with tracking.stage_run("clean", TrackingConfig(enabled=False), {}, {"a": 1}) as run:
+        run.log_metrics({"x": 1.0})
+    assert not (tmp_path / "mlflow.db").exists()
