@@ -1,14 +1,10 @@
-"""Shared fixtures: the real params.yaml as a dict, tiny local datasets, offline `datasets` caches."""
+"""Fixtures: the real params.yaml as a dict, the project root as working directory, offline caches."""
 import copy
-import gzip
-import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+from tests.helpers import ROOT
 
 
 @pytest.fixture(autouse=True)
@@ -28,22 +24,8 @@ def default_params() -> dict:
     return copy.deepcopy(yaml.safe_load((ROOT / "params.yaml").read_text()))
 
 
-def write_jsonl_gz(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
-
-
-def write_params(path: Path, params: dict) -> Path:
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return path
-
-
 @pytest.fixture
 def chdir_root(monkeypatch):
     """Relative sources in params.yaml (../shared/data/...) resolve from the project root."""
     monkeypatch.chdir(ROOT)
     return ROOT
-

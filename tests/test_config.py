@@ -2,7 +2,7 @@
 import pytest
 
 from lib.config import ParamsError, flatten, load_params
-from tests.conftest import write_params
+from tests.helpers import write_params
 
 
 def load(tmp_path, params):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, SHARED_DATA, write_jsonl_gz
+from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 # rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
 TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "unsup": 150, "test": 60},

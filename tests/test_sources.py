@@ -7,7 +7,7 @@ import pytest
 
 from lib.errors import UserError
 from lib.sources import list_splits, read_rows, read_texts
-from tests.conftest import SHARED_DATA, write_jsonl_gz
+from tests.helpers import SHARED_DATA, write_jsonl_gz
 
 
 def test_folder_splits_from_file_names(tmp_path):
