@@ -54,7 +54,7 @@ def _git(*args: str) -> str:
 
 
 def run_tags(stage: str) -> dict[str, str]:
-    commit = _git("rev-parse", "HEAD") or "unknown"
+    commit = _git("rev-parse", "--verify", "--quiet", "HEAD") or "unknown"  # "unknown" before a first commit
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
     exp = os.environ.get("DVC_EXP_NAME", "")
     return {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
