@@ -176,6 +176,128 @@ class TokenizerConfig:
 
 
 @dataclass
+class ModelConfig:
+    """The transformer (lib/model.py). vocab_size comes from the trained tokenizer."""
+
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    max_positions: int = 512
+    position: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"
+    norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer (GPT-2) or after it (BERT)
+    tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
+    embedding_size: int | None = None  # ALBERT factorised embeddings: E < d_model, projected up; null = d_model
+    share_layers: bool = False  # ALBERT cross-layer parameter sharing: one block applied n_layers times
+    segment_vocab: int = 2  # segment (token type) embeddings for sentence pairs; 0 = none
+
+    def validate(self, key: str) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ParamsError(f"{key}.n_heads: {self.n_heads} must divide {key}.d_model ({self.d_model})")
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ParamsError(f"{key}.position: rope needs an even head size, d_model/n_heads = "
+                              f"{self.d_model // self.n_heads}; change n_heads")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ParamsError(f"{key}.dropout: {self.dropout} must be in [0, 1)")
+        if self.embedding_size is not None and self.embedding_size < 1:
+            raise ParamsError(f"{key}.embedding_size: {self.embedding_size} must be >= 1 (or null = d_model)")
+        if self.segment_vocab < 0:
+            raise ParamsError(f"{key}.segment_vocab: {self.segment_vocab} must be >= 0")
+
+
+@dataclass
+class MLMConfig:
+    """BERT masking; `mask_token` and `random_token` are shares of the selected positions, the rest kept."""
+
+    mask_rate: float = 0.15
+    mask_token: float = 0.8
+    random_token: float = 0.1
+    whole_word: bool = False  # select whole words (the tokenizer's word-start flags)
+    span: bool = False  # SpanBERT: select spans of geometric length
+    span_p: float = 0.2  # geometric parameter of span lengths (mean 1/p, clipped to span_max)
+    span_max: int = 10
+
+    def validate(self, key: str) -> None:
+        if not 0.0 < self.mask_rate < 1.0:
+            raise ParamsError(f"{key}.mask_rate: {self.mask_rate} must be in (0, 1)")
+        if self.mask_token < 0 or self.random_token < 0 or self.mask_token + self.random_token > 1.0:
+            raise ParamsError(f"{key}.mask_token + {key}.random_token: {self.mask_token} + {self.random_token} "
+                              "must be shares in [0, 1] adding up to at most 1 (the rest is kept unchanged)")
+        if self.whole_word and self.span:
+            raise ParamsError(f"{key}.span: choose whole_word or span masking, not both")
+        if not 0.0 < self.span_p <= 1.0 or self.span_max < 1:
+            raise ParamsError(f"{key}.span_p/span_max: need 0 < span_p <= 1 and span_max >= 1")
+
+
+@dataclass
+class ElectraConfig:
+    generator_width: float = 0.25  # generator d_model and d_ff as a share of the discriminator's (1/4-1/3)
+    disc_weight: float = 50.0  # lambda: weight of the replaced-token-detection loss
+
+    def validate(self, key: str) -> None:
+        if not 0.0 < self.generator_width <= 1.0:
+            raise ParamsError(f"{key}.generator_width: {self.generator_width} must be in (0, 1]")
+        if self.disc_weight <= 0:
+            raise ParamsError(f"{key}.disc_weight: {self.disc_weight} must be > 0")
+
+
+@dataclass
+class TrainConfig:
+    """One run of the trainer (lib/trainer.py). Its length is a budget: tokens, minutes, whichever first."""
+
+    seq_len: int = 128
+    batch_size: int = 32  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3
+    schedule: Literal["linear", "cosine"] = "linear"  # after warmup, decay to min_lr_ratio * lr at the token budget
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    decay_embeddings: bool = True  # weight decay on embedding matrices too (never on biases and norms)
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    clip_norm: float = 1.0  # 0 = no clipping
+    budget_tokens: int = 5_000_000  # training tokens; also the length of the LR schedule
+    budget_minutes: float | None = None  # stop earlier when this much wall-clock time has passed
+    eval_every: int = 100  # steps between validations
+    eval_batches: int = 8  # the fixed validation set: this many batches of windows of the validation split
+    log_every: int = 10
+    checkpoint_every: int = 100  # steps between (atomic) checkpoints
+    max_bad_steps: int = 3  # non-finite losses in a row that are skipped before the run stops
+
+    def validate(self, key: str) -> None:
+        for name in ("seq_len", "batch_size", "grad_accum", "budget_tokens", "eval_every", "eval_batches",
+                     "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1")
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ParamsError(f"{key}.lr/min_lr_ratio: need lr > 0 and 0 <= min_lr_ratio <= 1")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.max_bad_steps < 0:
+            raise ParamsError(f"{key}: warmup_steps, weight_decay, clip_norm and max_bad_steps must be >= 0")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
+            raise ParamsError(f"{key}.beta1/beta2/eps: need betas in [0, 1) and eps > 0")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise ParamsError(f"{key}.budget_minutes: {self.budget_minutes} must be > 0 (or null for none)")
+        step_tokens = self.seq_len * self.batch_size * self.grad_accum
+        if self.budget_tokens < step_tokens:
+            raise ParamsError(f"{key}.budget_tokens: {self.budget_tokens} is less than one step "
+                              f"(seq_len * batch_size * grad_accum = {step_tokens}); raise it")
+
+
+@dataclass
+class ImplConfig:
+    """How to run, apart from what to compute: results do not depend on these except precision."""
+
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast (CUDA and CPU), else fp32
+    compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA only
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     experiment: str = "transfer-pipeline"  # the MLflow experiment every stage logs into
@@ -191,6 +313,16 @@ class Params:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mlm: MLMConfig = field(default_factory=MLMConfig)
+    electra: ElectraConfig = field(default_factory=ElectraConfig)
+    pretrain: TrainConfig = field(default_factory=TrainConfig)
+    impl: ImplConfig = field(default_factory=ImplConfig)
+
+    def validate(self, key: str) -> None:
+        if self.pretrain.seq_len > self.model.max_positions:
+            raise ParamsError(f"pretrain.seq_len: {self.pretrain.seq_len} is above model.max_positions "
+                              f"({self.model.max_positions}); lower it or raise model.max_positions")
 
 
 def check_source(source: str, key: str) -> None:

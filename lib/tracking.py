@@ -106,6 +106,12 @@ class StageRun:
         method = "log_artifacts" if Path(path).is_dir() else "log_artifact"
         self._call(f"log artifact {path}", method, self.run_id, str(path), artifact_path)
 
+    def on_log(self, step: int, row: dict[str, Any]) -> None:
+        """Trainer callback: a row of training metrics at `step`."""
+        self.log_metrics({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    on_eval = on_log  # validation rows are logged the same way
+
     def finish(self, status: str) -> None:
         self._call("end the run", "set_terminated", self.run_id, status)
         if self.parent_id:

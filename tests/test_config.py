@@ -56,6 +56,27 @@ def test_vocab_too_small_for_specials(chdir_root, tmp_path, default_params):
     assert "tokenizer.vocab_size: 100 is too small for bpe (needs >= 261" in message
 
 
+def test_seq_len_above_max_positions(chdir_root, tmp_path, default_params):
+    default_params["pretrain"]["seq_len"] = 1024
+    default_params["model"]["max_positions"] = 512
+    assert "pretrain.seq_len: 1024 is above model.max_positions (512)" in error_of(tmp_path, default_params)
+
+
+def test_heads_must_divide_width(chdir_root, tmp_path, default_params):
+    default_params["model"]["n_heads"] = 5
+    assert "model.n_heads: 5 must divide model.d_model (256)" in error_of(tmp_path, default_params)
+
+
+def test_masking_shares_must_fit(chdir_root, tmp_path, default_params):
+    default_params["mlm"]["random_token"] = 0.5
+    assert "mlm.mask_token + mlm.random_token" in error_of(tmp_path, default_params)
+
+
+def test_budget_below_one_step(chdir_root, tmp_path, default_params):
+    default_params["pretrain"]["budget_tokens"] = 100
+    assert "pretrain.budget_tokens: 100 is less than one step" in error_of(tmp_path, default_params)
+
+
 def test_duplicate_special_tokens(chdir_root, tmp_path, default_params):
     default_params["tokenizer"]["special_tokens"]["mask"] = "[PAD]"
     assert "tokenizer.special_tokens: special tokens must be distinct" in error_of(tmp_path, default_params)

@@ -61,6 +61,10 @@ def tiny_params(repo: Path) -> None:
     params["clean"].update(min_chars=20, workers=2, batch_docs=8)
     params["corpora"]["domain"]["valid_fraction"] = 0.1
     params["tokenizer"].update(vocab_size=400, train_chars=None, batch_docs=16)
+    params["model"].update(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_positions=64)
+    params["pretrain"].update(seq_len=32, batch_size=8, warmup_steps=5, budget_tokens=32 * 8 * 30,
+                              budget_minutes=None, eval_every=10, eval_batches=2, log_every=5, checkpoint_every=10)
+    params["impl"]["precision"] = "fp32"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -94,7 +98,7 @@ def stage_runs(repo: Path) -> list:
 def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     repo, planted = repo
     out = run(repo, "dvc", "repro")
-    assert "Running stage 'clean'" in out and "Running stage 'tokenizer'" in out
+    assert all(f"Running stage '{stage}'" in out for stage in ("clean", "tokenizer", "pretrain"))
 
     clean = json.loads((repo / "metrics/clean.json").read_text())
     assert clean["pretrain"]["dropped"]["exact_dup"] >= 1
@@ -114,10 +118,15 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
             assert (repo / f"data/tokens/{corpus}/{split}.bin").stat().st_size > 0
     assert (repo / "plots/clean/rules.csv").read_text().startswith("rule,docs")
 
+    pretrain = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert pretrain["objective"] == "mlm" and pretrain["steps"] == 30 and pretrain["val_loss"] < pretrain["unigram_loss"] + 1
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (repo / "models/pretrain").iterdir()}
+    assert not (repo / "data/checkpoints/pretrain").exists()  # removed once the model is out
+
     runs = stage_runs(repo)
     parents = [r for r in runs if r.data.tags["pipeline.role"] == "pipeline"]
     stages = [r for r in runs if r.data.tags["pipeline.role"] == "stage"]
-    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == ["clean", "tokenizer"]
+    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == ["clean", "tokenizer", "pretrain"]
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
     assert stages[0].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
     assert stages[1].data.params["tokenizer.vocab_size"] == "400"
@@ -125,13 +134,24 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     # nothing changed: nothing reruns, nothing new is tracked
     out = run(repo, "dvc", "repro")
     assert "Running stage" not in out
-    assert len(stage_runs(repo)) == 3
+    assert len(stage_runs(repo)) == 4
+
+
+def test_objective_experiment_reruns_only_pretraining(repo):
+    repo, _ = repo
+    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-n", "electra")
+    assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
+    metrics = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert metrics["objective"] == "electra" and 0.5 < metrics["val_disc_accuracy"] <= 1.0
+    runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
+    assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == ["pretrain"]
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):
     repo, _ = repo
     out = run(repo, "dvc", "exp", "run", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
     assert "Running stage 'tokenizer'" in out and "Running stage 'clean'" not in out
+    assert "Running stage 'pretrain'" in out  # the tokenizer changed, so does everything after it
     tok = json.loads((repo / "metrics/tokenizer.json").read_text())
     assert tok["algorithm"] == "wordpiece"
     latest = [r for r in stage_runs(repo) if r.data.tags.get("stage") == "tokenizer"][-1]

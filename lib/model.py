@@ -1,0 +1,363 @@
+"""The transformer encoder/decoder shared by every objective (CLM, MLM, ELECTRA) and every stage.
+
+One stack covers GPT-2 (causal, pre-LN), BERT (bidirectional, post-LN, segments) and ALBERT
+(factorised embeddings, one shared block). Positions are learned, sinusoidal (added to the
+embeddings), RoPE (rotating q and k) or ALiBi (a per-head distance bias on the attention scores).
+Attention is torch's scaled_dot_product_attention, so fused kernels are used where they apply.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import SafetensorError
+
+from lib.config import ModelConfig
+from lib.errors import UserError
+from lib.io import atomic_dir
+
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+MIN_HEAD_SIZE = 16  # scaled(): narrower heads carry too little per head to attend usefully
+ROPE_BASE = 10000.0
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    max_positions: int = 512
+    position: str = "learned"  # learned | sinusoidal | rope | alibi
+    norm: str = "pre"  # pre (GPT-2) | post (BERT)
+    tie_embeddings: bool = True
+    embedding_size: int | None = None  # ALBERT factorised embeddings (E); None = d_model
+    share_layers: bool = False  # ALBERT cross-layer sharing
+    segment_vocab: int = 2  # 0 = no segment embeddings
+    causal: bool = False  # causal (CLM) or bidirectional attention
+
+    def __post_init__(self):
+        # params.yaml is validated with key names in lib/config.py; this catches configs built in code
+        if self.position not in POSITIONS:
+            raise ValueError(f"position {self.position!r}: expected one of {', '.join(POSITIONS)}")
+        if self.norm not in ("pre", "post"):
+            raise ValueError(f"norm {self.norm!r}: expected pre or post")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"rope needs an even head size, d_model / n_heads = {self.head_size}")
+
+    @classmethod
+    def from_params(cls, model: ModelConfig, vocab_size: int, causal: bool) -> TransformerConfig:
+        return cls(vocab_size=vocab_size, causal=causal, **dataclasses.asdict(model))
+
+    def scaled(self, width: float) -> TransformerConfig:
+        """A narrower model (ELECTRA's generator) over the same embeddings: d_model and d_ff times
+        `width`; fewer heads where needed to keep heads >= 16 wide, and d_model rounded to a multiple
+        of the head count (an even head size for rope)."""
+        n_heads = max(1, min(self.n_heads, round(self.d_model * width) // MIN_HEAD_SIZE))
+        step = n_heads * (2 if self.position == "rope" else 1)
+        d_model = max(step, round(self.d_model * width / step) * step)
+        return dataclasses.replace(self, d_model=d_model, n_heads=n_heads, d_ff=max(1, round(self.d_ff * width)),
+                                   embedding_size=self.embedding_dim)
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.embedding_size or self.d_model
+
+    @property
+    def head_size(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def init_weights(module: nn.Module) -> None:
+    """BERT/GPT-2 init: N(0, 0.02) weights, zero biases (LayerNorm keeps its default 1 and 0)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """Vaswani et al.'s fixed table: sin on even channels, cos on odd ones, wavelengths up to 10000*2pi."""
+    angles = torch.arange(length)[:, None] * torch.exp(torch.arange(0, dim, 2) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return table
+
+
+def rope_cache(length: int, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (length, head_size) of RoPE's angles, laid out for the rotate-half convention."""
+    inv_freq = ROPE_BASE ** (-torch.arange(0, head_size, 2) / head_size)
+    angles = torch.arange(length)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x_i, x_{i+d/2}) of x (..., T, d) by its position's angle, so that q.k depends
+    on positions only through their difference (Su et al.)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Press et al.'s geometric slopes 2^(-8i/n); for n not a power of 2, the 2^k closest below plus
+    every other slope of 2^(k+1), as in their reference code."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2 ** (-8 * (i + 1) / (2 * closest)) for i in range(0, 2 * (n_heads - closest), 2)]
+    return torch.tensor(slopes)
+
+
+class Embeddings(nn.Module):
+    """token (+ learned/sinusoidal positions) (+ segment) -> LayerNorm -> dropout, all of width E."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.embedding_dim
+        self.token = nn.Embedding(cfg.vocab_size, dim)
+        if cfg.position == "learned":
+            self.position = nn.Embedding(cfg.max_positions, dim)
+        elif cfg.position == "sinusoidal":  # fixed: a buffer, not a parameter, and not saved
+            self.register_buffer("sinusoids", sinusoids(cfg.max_positions, dim), persistent=False)
+        self.segment = nn.Embedding(cfg.segment_vocab, dim) if cfg.segment_vocab else None
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.apply(init_weights)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.token(input_ids)
+        T = input_ids.shape[1]
+        if self.cfg.position == "learned":
+            x = x + self.position(torch.arange(T, device=input_ids.device))
+        elif self.cfg.position == "sinusoidal":
+            x = x + self.sinusoids[:T]
+        if self.segment is not None:  # no segment ids = all segment 0, as in BERT
+            x = x + (self.segment.weight[0] if segment_ids is None else self.segment(segment_ids))
+        elif segment_ids is not None:
+            raise ValueError("segment_ids given but model.segment_vocab is 0 (no segment embeddings)")
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.n_heads, self.causal, self.dropout = cfg.n_heads, cfg.causal, cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=self.causal and mask is None)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN (GPT-2): x + f(ln(x)), stable without warmup tricks. Post-LN (BERT): ln(x + f(x))."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = SelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.attn(self.ln1(x), mask, rope)
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x, mask, rope))
+        return self.ln2(x + self.mlp(x))
+
+
+class LMHead(nn.Module):
+    """BERT's prediction head: dense d_model->E, GELU, LayerNorm, then the decoder E->vocab (+ bias)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.embedding_dim)
+        self.norm = nn.LayerNorm(cfg.embedding_dim)
+        self.decoder = nn.Linear(cfg.embedding_dim, cfg.vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(F.gelu(self.dense(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig, embeddings: Embeddings | None = None):
+        super().__init__()
+        self.cfg = cfg
+        if embeddings is not None and (embeddings.token.num_embeddings, embeddings.token.embedding_dim) != (
+                cfg.vocab_size, cfg.embedding_dim):
+            raise ValueError(f"shared embeddings are {tuple(embeddings.token.weight.shape)}, the config needs "
+                             f"({cfg.vocab_size}, {cfg.embedding_dim})")
+        self.embeddings = embeddings if embeddings is not None else Embeddings(cfg)
+        self.project = nn.Linear(cfg.embedding_dim, cfg.d_model) if cfg.embedding_dim != cfg.d_model else nn.Identity()
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(1 if cfg.share_layers else cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()  # post-LN ends normed
+        self.head = LMHead(cfg)
+        if cfg.position == "rope":
+            cos, sin = rope_cache(cfg.max_positions, cfg.head_size)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        elif cfg.position == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+        # Initialise what this model owns; shared embeddings keep their (possibly trained) weights.
+        for module in (self.project, self.blocks, self.head):
+            module.apply(init_weights)
+        for block in self.blocks:  # GPT-2: each residual branch adds variance; 2 branches per layer
+            for proj in (block.attn.proj, block.mlp.fc2):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        if cfg.tie_embeddings:  # after init, so tying never re-initialises shared embeddings
+            self.head.decoder.weight = self.embeddings.token.weight
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False):
+        """input_ids (B, T) -> hidden (B, T, d_model). attention_mask (B, T): True at real tokens.
+        With output_hidden_states, also the embedding output and each layer's output (before the
+        final norm of pre-LN), n_layers + 1 tensors."""
+        T = input_ids.shape[1]
+        if T > self.cfg.max_positions and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
+            raise ValueError(f"sequence length {T} > model.max_positions ({self.cfg.max_positions}) "
+                             f"for {self.cfg.position} positions; shorten the sequences or raise model.max_positions")
+        x = self.project(self.embeddings(input_ids, segment_ids))
+        mask = self.attention_bias(attention_mask, T)
+        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.position == "rope" else None
+        hidden_states = [x]
+        for i in range(self.cfg.n_layers):
+            x = self.blocks[i % len(self.blocks)](x, mask, rope)  # one block n_layers times when shared
+            hidden_states.append(x)
+        x = self.norm(x)
+        return (x, hidden_states) if output_hidden_states else x
+
+    def attention_bias(self, attention_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
+        """One SDPA attn_mask broadcastable to (B, H, T, T): bool (True = may attend) for causal and
+        padding, float with -inf where masked when ALiBi adds its bias. None when SDPA's own is_causal
+        (or no mask at all) is enough, which lets it pick its fused kernels."""
+        alibi = self.cfg.position == "alibi"
+        if attention_mask is None and not alibi:
+            return None
+        device = self.embeddings.token.weight.device
+        pos = torch.arange(T, device=device)
+        if self.cfg.causal:
+            allowed = (pos[:, None] >= pos[None, :])[None, None]
+        else:
+            allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+        if attention_mask is not None:
+            # padding keys are masked out; every query still sees itself, so padding queries never
+            # have an all-masked row (NaN) and real tokens, which always see themselves, are unaffected
+            keys = attention_mask.bool()[:, None, None, :]
+            allowed = allowed & (keys | torch.eye(T, dtype=torch.bool, device=device))
+        if not alibi:
+            return allowed
+        # symmetric |i - j| for bidirectional models; for causal ones the future is masked anyway
+        distance = (pos[None, :] - pos[:, None]).abs()
+        bias = -self.alibi_slopes[:, None, None] * distance
+        return bias.masked_fill(~allowed, float("-inf"))
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d_model) -> (..., vocab): MLM gathers the masked positions first and pays only for those."""
+        return self.head(hidden)
+
+    def layer_groups(self) -> list[list[nn.Parameter]]:
+        """Bottom to top: [embeddings + projection], one group per block, [final norm + LM head].
+        Each parameter appears once (the tied decoder weight sits with the embeddings)."""
+        groups = [[*self.embeddings.parameters(), *self.project.parameters()]]
+        groups += [list(block.parameters()) for block in self.blocks]
+        groups.append([*self.norm.parameters(), *self.head.parameters()])
+        seen: set[int] = set()
+        unique = []
+        for group in groups:
+            unique.append([p for p in group if id(p) not in seen])
+            seen.update(id(p) for p in group)
+        return unique
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Parameters counted once (parameters() skips tied and shared tensors). exclude_embeddings
+        drops the Embeddings module (token, position, segment, its LayerNorm), as Kaplan et al. do."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= sum(p.numel() for p in self.embeddings.parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3 x 2 per multiply-add), PaLM appendix B:
+        6 x the matmul weights a token passes through (a shared block counts n_layers times; the LM
+        head's decoder counts though it may be tied, since MFU is about compute) + 12 x n_layers x
+        d_model x seq_len for attention scores and values. The attention term is not halved for
+        causal models: PaLM's formula, itself for causal models, does not, so MFU stays comparable."""
+        def matmul_weights(module: nn.Module) -> int:
+            return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+        cfg = self.cfg
+        per_layer = matmul_weights(self.blocks[0])
+        dense = cfg.n_layers * per_layer + matmul_weights(self.project) + matmul_weights(self.head)
+        return 6.0 * dense + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_model(model: Transformer, out_dir: Path) -> None:
+    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all."""
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
+    with atomic_dir(out_dir) as tmp:
+        safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
+        (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2, sort_keys=True) + "\n")
+
+
+def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Rebuild the model from config.json and load its weights strictly; returned in eval mode
+    (call .train() to train it)."""
+    model_dir = Path(model_dir)
+    config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
+    try:
+        cfg = TransformerConfig(**json.loads(config_path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as err:  # missing, not JSON, unknown/invalid fields
+        raise UserError(f"{config_path}: cannot build the model config ({one_line(err)}); "
+                        "point at a folder written by save_model") from None
+    model = Transformer(cfg)
+    try:
+        safetensors.torch.load_model(model, weights_path, strict=True)
+    except FileNotFoundError:
+        raise UserError(f"{weights_path}: not found; point at a folder written by save_model") from None
+    except (SafetensorError, RuntimeError, OSError) as err:  # corrupt file; missing/unexpected/mis-sized tensors
+        raise UserError(f"{weights_path}: does not match {config_path.name} or is corrupt ({one_line(err)})") from None
+    return model.to(device).eval()
+
+
+def one_line(err: BaseException) -> str:
+    """torch's state-dict errors span lines and start with a generic header; keep them on one line."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"

@@ -1,0 +1,35 @@
+"""Causal language modelling (GPT; Radford et al. 2018, 2019).
+
+A causal Transformer reads tokens[:, :-1] and predicts tokens[:, 1:] at every position, with
+cross-entropy averaged over all of them. Windows cross document boundaries, so the model also learns
+to predict the first token of a document after the eos that ends the previous one, as GPT-2 training
+on packed text does. Metrics: loss and next-token accuracy (perplexity = exp(loss) is the trainer's).
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from lib.config import Params
+from lib.model import Transformer, TransformerConfig
+from lib.objectives import Objective, register
+
+
+@register
+class CausalLM(Objective):
+    name = "clm"
+    causal = True
+
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
+        super().__init__(params, vocab_size, special_ids)
+        self.model = Transformer(TransformerConfig.from_params(params.model, vocab_size, causal=self.causal))
+
+    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = self.model.lm_logits(self.model(inputs))
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        accuracy = (logits.argmax(-1) == targets).float().mean()
+        return loss, {"loss": loss.detach(), "accuracy": accuracy.detach()}
+
+    def backbone(self) -> Transformer:
+        return self.model

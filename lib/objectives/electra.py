@@ -1,0 +1,88 @@
+"""ELECTRA: replaced-token detection (Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as
+Discriminators Rather Than Generators").
+
+- Masking: the same as the mlm objective (`masking.mask_tokens` with params.mlm) on tokens[:, :-1].
+- Generator: a narrower Transformer (`cfg.scaled(electra.generator_width)`, the paper's 1/4-1/3 width)
+  that shares the discriminator's embeddings (token, position, segment; the paper ties token and
+  position embeddings), trained with the MLM loss at the selected positions.
+- Corruption: every selected position gets a token sampled from the generator's softmax (gumbel-max on
+  detached logits, so no gradient flows through sampling; special ids are never sampled). A sample that
+  equals the original counts as original, as in the paper.
+- Discriminator: the full-size Transformer with a linear head d_model -> 1 predicting, at every
+  position (all tokens are real: windows have no padding), whether the token was replaced; BCE loss.
+- Loss: gen_mlm + disc_weight * BCE (lambda = 50 in the paper). Only the discriminator is kept:
+  `backbone()` returns it.
+
+Unused parameters: the discriminator's own LM head (whatever `Transformer.lm_logits` uses beyond the
+shared token embeddings) gets no gradient; its `.grad` stays None, which torch optimizers, weight
+decay and `clip_grad_norm_` skip. DistributedDataParallel would need find_unused_parameters=True.
+The generator's parameters are updated by its MLM loss only.
+Metrics: loss, gen_loss, disc_loss, gen_accuracy (generator MLM accuracy at selected positions),
+disc_accuracy (over all positions), replaced_recall (share of replaced positions flagged).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lib.config import Params
+from lib.model import Transformer, TransformerConfig
+from lib.objectives import Objective, register
+from lib.objectives.masking import mask_tokens, special_mask
+from lib.objectives.mlm import masked_lm_loss
+
+
+@register
+class Electra(Objective):
+    name = "electra"
+    causal = False
+
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
+        super().__init__(params, vocab_size, special_ids)
+        self.masking = params.mlm
+        self.disc_weight = params.electra.disc_weight
+        cfg = TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
+        self.discriminator = Transformer(cfg)
+        self.generator = Transformer(cfg.scaled(params.electra.generator_width), embeddings=self.discriminator.embeddings)
+        self.disc_head = nn.Linear(cfg.d_model, 1)
+        never_sampled = special_mask(torch.arange(vocab_size), special_ids.values())
+        self.register_buffer("never_sampled", never_sampled, persistent=False)
+
+    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        gen_loss, disc_loss, metrics = self.losses(tokens, word_starts)
+        loss = gen_loss + self.disc_weight * disc_loss
+        return loss, {"loss": loss.detach(), **metrics}
+
+    def losses(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(generator MLM loss, discriminator BCE loss, detached metrics without "loss")."""
+        original = tokens[:, :-1]
+        masked = mask_tokens(original, word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
+        gen_loss, gen_accuracy, gen_logits = masked_lm_loss(self.generator, self.generator(masked.inputs), masked)
+
+        with torch.no_grad():
+            sampled = sample(gen_logits.detach().float().masked_fill(self.never_sampled, float("-inf")))
+            corrupted = original.masked_scatter(masked.selected, sampled)
+            replaced = corrupted != original
+
+        disc_logits = self.disc_head(self.discriminator(corrupted)).squeeze(-1)
+        disc_loss = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float())
+
+        flagged = disc_logits.detach() > 0
+        metrics = {
+            "gen_loss": gen_loss.detach(),
+            "disc_loss": disc_loss.detach(),
+            "gen_accuracy": gen_accuracy,
+            "disc_accuracy": (flagged == replaced).float().mean(),
+            "replaced_recall": (flagged & replaced).sum().float() / replaced.sum().clamp(min=1),
+        }
+        return gen_loss, disc_loss, metrics
+
+    def backbone(self) -> Transformer:
+        return self.discriminator
+
+
+def sample(logits: Tensor) -> Tensor:
+    """One id per row of `logits` (N, vocab), drawn from softmax(logits) by gumbel-max."""
+    u = torch.rand_like(logits).clamp_(min=torch.finfo(logits.dtype).tiny)
+    return (logits - torch.log(-torch.log(u))).argmax(-1)

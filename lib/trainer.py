@@ -1,0 +1,201 @@
+"""The one training loop, for every stage that trains (pretrain now; adapt, finetune, distill next).
+
+It knows nothing of models or objectives: it trains any module whose forward(tokens, word_starts)
+returns (loss, metrics), reads batches by step number, and reports through callbacks. A run's
+length is a budget of tokens (which also sets the LR schedule) or minutes, whichever comes first.
+Killed at any point and started again, it resumes from its last checkpoint and, on CPU, follows
+the same loss curve step for step as a run that was never interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib.config import ImplConfig, TrainConfig
+from lib.data import WindowBatches
+from lib.errors import UserError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+# dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
+
+
+class Callback(Protocol):
+    def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: cuda, but no CUDA GPU is visible to torch; set device: auto or cpu")
+    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device, impl: ImplConfig) -> contextlib.AbstractContextManager:
+    if impl.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def param_groups(module: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Weight decay on matrices (embeddings as configured), never on biases and norm weights."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if p.requires_grad:
+            is_matrix = p.ndim >= 2 and (cfg.decay_embeddings or id(p) not in embeddings)
+            (decay if is_matrix else no_decay).append(p)
+    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_decay(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """LR multiplier: linear warmup to 1, then linear or cosine decay to min_lr_ratio at total_steps."""
+    def multiplier(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        shape = 1 - progress if cfg.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+    return multiplier
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # training wall time so far, over every resumed part
+    bad_steps: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)  # every logged and evaluated row
+
+
+class Trainer:
+    def __init__(self, module: nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
+                 train: WindowBatches, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
+                 seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = ()):
+        self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
+        self.train, self.valid, self.seed = train, valid, seed
+        self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
+        self.step_tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
+        self.total_steps = math.ceil(cfg.budget_tokens / self.step_tokens)
+        self.optimizer = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                           eps=cfg.eps, fused=device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_decay(cfg, self.total_steps))
+        compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
+        self.forward = torch.compile(module) if compile_it else module
+        peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
+                     and k in torch.cuda.get_device_name(device)), None)
+        self.flops_per_s_peak = peak if flops_per_token else None
+        self.flops_per_token = flops_per_token
+        self.state = TrainState()
+
+    def fit(self) -> TrainState:
+        """Train to the budget, resuming from the last checkpoint of this configuration if any."""
+        saved = load_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler,
+                                self.fingerprint, self.device)
+        if saved is not None:
+            self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
+            print(f"resuming from step {self.state.step} ({self.state.tokens} tokens)", flush=True)
+        self.module.train()
+        window = defaultdict(float)  # sums of the metrics of the steps since the last log line
+        while not self._budget_spent():
+            started = time.perf_counter()
+            loss, metrics = self._train_step()
+            if loss is not None:
+                window["seconds"] += time.perf_counter() - started  # tokens/s counts train steps only
+                window["steps"] += 1
+                for k, v in metrics.items():
+                    window[k] += v
+                if self.state.step % self.cfg.log_every == 0:
+                    self._log(window)
+                    window = defaultdict(float)
+            if self.state.step % self.cfg.eval_every == 0:
+                self._eval()
+            if self.state.step % self.cfg.checkpoint_every == 0 and not self._budget_spent():
+                self._checkpoint()
+            self.state.seconds += time.perf_counter() - started  # the wall-clock budget counts everything
+        if not any(row["step"] == self.state.step and "val_loss" in row for row in self.state.history[-2:]):
+            self._eval()  # the run ends with a validation of its final weights
+        return self.state
+
+    def _budget_spent(self) -> bool:
+        minutes = self.cfg.budget_minutes
+        return self.state.step >= self.total_steps or (minutes is not None and self.state.seconds >= minutes * 60)
+
+    def _train_step(self) -> tuple[float | None, dict[str, float]]:
+        """One optimizer step over grad_accum micro-batches; (None, {}) when the loss was not finite."""
+        totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
+        for micro in range(self.cfg.grad_accum):
+            tokens, word_starts = (t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro))
+            with autocast(self.device, self.impl):
+                loss, metrics = self.forward(tokens, word_starts)
+            (loss / self.cfg.grad_accum).backward()
+            for k, v in metrics.items():
+                totals[k] += v.detach().float() / self.cfg.grad_accum
+        loss_value = totals["loss"].item()
+        if not math.isfinite(loss_value):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.bad_steps += 1
+            if self.state.bad_steps > self.cfg.max_bad_steps:
+                raise UserError(f"training: loss is {loss_value} at step {self.state.step + 1}, "
+                                f"{self.state.bad_steps} bad steps in a row; lower the lr or check the data "
+                                f"(the last good checkpoint in {self.checkpoint_dir} is kept)")
+            self.state.step += 1  # the batch is skipped, not retried: a retry would see the same batch
+            self.scheduler.step()
+            return None, {}
+        self.state.bad_steps = 0
+        if self.cfg.clip_norm > 0:
+            totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.tokens += self.step_tokens
+        return loss_value, {k: float(v) for k, v in totals.items()}
+
+    def _log(self, window: dict[str, float]) -> None:
+        steps, seconds = window.pop("steps"), window.pop("seconds")
+        tokens_per_s = steps * self.step_tokens / seconds
+        row = {"step": self.state.step, "tokens": self.state.tokens, "lr": self.scheduler.get_last_lr()[0],
+               "tokens_per_s": tokens_per_s, **{f"train_{k}": v / steps for k, v in window.items()}}
+        if self.flops_per_s_peak:
+            row["mfu"] = self.flops_per_token * tokens_per_s / self.flops_per_s_peak
+        self.state.history.append(row)
+        for callback in self.callbacks:
+            callback.on_log(self.state.step, row)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean metrics over the fixed validation batches, under a fixed seed (same masks every time)."""
+        self.module.eval()
+        sums: dict[str, float] = defaultdict(float)
+        count = 0
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.seed)
+            for tokens, word_starts in self.valid:
+                with autocast(self.device, self.impl):
+                    _, metrics = self.module(tokens.to(self.device), word_starts.to(self.device))
+                for k, v in metrics.items():
+                    sums[k] += float(v) * len(tokens)
+                count += len(tokens)
+        self.module.train()
+        return {k: v / count for k, v in sums.items()}
+
+    def _eval(self) -> None:
+        row = {"step": self.state.step, "tokens": self.state.tokens,
+               **{f"val_{k}": v for k, v in self.evaluate().items()}}
+        self.state.history.append(row)
+        for callback in self.callbacks:
+            callback.on_eval(self.state.step, row)
+
+    def _checkpoint(self) -> None:
+        state = {**self.state.__dict__, "fingerprint": self.fingerprint}
+        save_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler, state)

@@ -1,0 +1,257 @@
+"""Objectives: the registry, the trainer contract, gradients, and overfitting one batch with a tiny model."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib.config import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params
+from lib.errors import UserError
+from lib.model import Transformer
+from lib.objectives import OBJECTIVES, Objective, build_objective
+from lib.objectives.electra import Electra
+
+SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+VOCAB = 60
+METRICS = {
+    "clm": {"loss", "accuracy"},
+    "mlm": {"loss", "accuracy"},
+    "electra": {"loss", "gen_loss", "disc_loss", "gen_accuracy", "disc_accuracy", "replaced_recall"},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and two threads on a busy 2-core machine run 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_params(**sections) -> Params:
+    corpus = CorpusConfig(source="unused")
+    model = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=64)
+    params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model)
+    return dataclasses.replace(params, **sections)
+
+
+def build(name: str, seed: int = 0, **sections) -> Objective:
+    torch.manual_seed(seed)
+    return build_objective(name, tiny_params(**sections), VOCAB, SPECIAL)
+
+
+def structured_batch(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Learnable windows: each row counts up from a random start by a step of 1-3 over ids 5..59,
+    with an eos at position 13; word starts on every other token."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, VOCAB - 5, (rows, 1), generator=g)
+    step = torch.randint(1, 4, (rows, 1), generator=g)
+    tokens = 5 + (start + step * torch.arange(length)) % (VOCAB - 5)
+    tokens[:, 13] = SPECIAL["eos"]
+    word_starts = (torch.arange(length) % 2 == 0).expand(rows, length).clone()
+    word_starts |= tokens == SPECIAL["eos"]
+    return tokens, word_starts
+
+
+def test_registry_builds_every_objective():
+    assert set(OBJECTIVES) >= {"clm", "mlm", "electra"}
+    for name, cls in OBJECTIVES.items():
+        objective = build(name)
+        assert type(objective) is cls and objective.name == name
+        assert isinstance(objective.backbone(), Transformer)
+        assert objective.backbone().cfg.causal is cls.causal
+
+
+def test_unknown_objective_names_the_key_and_the_choices():
+    assert {"clm", "electra", "mlm"} <= set(OBJECTIVES)
+    with pytest.raises(UserError, match=f"objective: 'bert' is not one of {', '.join(sorted(OBJECTIVES))}$"):
+        build_objective("bert", tiny_params(), VOCAB, SPECIAL)
+
+
+@pytest.mark.parametrize("name", ["clm", "mlm", "electra"])
+def test_forward_contract(name):
+    objective = build(name)
+    tokens, word_starts = structured_batch()
+    loss, metrics = objective(tokens, word_starts)
+    assert loss.dim() == 0 and torch.isfinite(loss) and loss.requires_grad
+    assert set(metrics) == METRICS[name]
+    for value in metrics.values():
+        assert value.dim() == 0 and not value.requires_grad and torch.isfinite(value)
+    assert metrics["loss"] == loss.detach()
+    loss.backward()
+
+
+@pytest.mark.parametrize("name", ["clm", "mlm", "electra"])
+def test_seeded_validation_is_reproducible(name):
+    """The trainer validates under a fixed seed: the same seed gives the same loss."""
+    objective = build(name).eval()
+    tokens, word_starts = structured_batch()
+    with torch.no_grad():
+        torch.manual_seed(7)
+        first, _ = objective(tokens, word_starts)
+        torch.manual_seed(7)
+        again, _ = objective(tokens, word_starts)
+        other, _ = objective(tokens, word_starts)
+    assert first == again
+    assert name == "clm" or other != first  # masking objectives draw new masks
+
+
+def test_clm_loss_is_next_token_cross_entropy():
+    objective = build("clm").eval()
+    tokens, word_starts = structured_batch()
+    loss, metrics = objective(tokens, word_starts)
+    logits = objective.model.lm_logits(objective.model(tokens[:, :-1]))
+    expected = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert metrics["accuracy"] == (logits.argmax(-1) == tokens[:, 1:]).float().mean()
+
+
+def test_clm_is_causal():
+    """Changing a later token does not change the loss terms of earlier positions' predictions."""
+    objective = build("clm").eval()
+    tokens, _ = structured_batch(rows=1)
+    changed = tokens.clone()
+    changed[0, 20] = 7
+    before = objective.model(tokens[:, :-1])[0, :20]
+    after = objective.model(changed[:, :-1])[0, :20]
+    assert torch.allclose(before, after, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [{}, {"whole_word": True}, {"span": True}])
+def test_mlm_logits_only_at_selected_positions(monkeypatch, mode):
+    objective = build("mlm", mlm=MLMConfig(**mode))
+    seen = []
+    real = objective.model.lm_logits
+    monkeypatch.setattr(objective.model, "lm_logits", lambda h: seen.append(h.shape) or real(h))
+    tokens, word_starts = structured_batch(rows=16)
+    torch.manual_seed(3)
+    loss, metrics = objective(tokens, word_starts)
+    n_real = (tokens[:, :-1] != SPECIAL["eos"]).sum().item()
+    (n, d), = seen
+    assert d == 32 and 0 < n and abs(n - 0.15 * n_real) < 0.05 * n_real
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+
+
+def train(objective: Objective, steps: int, lr: float = 3e-3) -> list[dict[str, float]]:
+    """Adam on one fixed batch; per-step metrics."""
+    tokens, word_starts = structured_batch()
+    optimizer = torch.optim.Adam(objective.parameters(), lr=lr)
+    history = []
+    for _ in range(steps):
+        loss, metrics = objective(tokens, word_starts)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        history.append({k: v.item() for k, v in metrics.items()})
+    return history
+
+
+def mean(history: list[dict[str, float]], key: str) -> float:
+    return sum(h[key] for h in history) / len(history)
+
+
+@pytest.mark.parametrize("name, steps, lr", [("clm", 150, 3e-3), ("mlm", 300, 1e-2)])
+def test_overfits_one_batch(name, steps, lr):
+    """(Fresh masks every step: mlm learns to fill them in from context, not to memorise them.)"""
+    history = train(build(name), steps, lr)
+    first, last = history[:10], history[-10:]
+    assert mean(first, "loss") > 0.75 * math.log(VOCAB)
+    assert mean(last, "loss") < 0.25 * mean(first, "loss")
+    assert mean(last, "accuracy") > 0.7
+
+
+def test_electra_learns_one_batch():
+    """The discriminator learns to spot replacements; the (8-wide) generator improves more slowly."""
+    history = train(build("electra"), 300, 3e-3)
+    first, last = history[:10], history[-10:]
+    assert mean(last, "loss") < 0.6 * mean(first, "loss")
+    assert mean(last, "disc_loss") < 0.6 * mean(first, "disc_loss")
+    assert mean(last, "disc_accuracy") > mean(first, "disc_accuracy") + 0.05
+    assert mean(last, "replaced_recall") > 0.4 > mean(first, "replaced_recall")
+    assert mean(last, "gen_loss") < mean(first, "gen_loss") - 0.5
+    assert mean(last, "gen_accuracy") > 0.1
+
+
+def own(module: torch.nn.Module, shared: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Parameters of `module` that are not parameters of `shared`."""
+    exclude = {id(p) for p in shared.parameters()}
+    return [p for p in module.parameters() if id(p) not in exclude]
+
+
+def fresh_losses(objective: Electra) -> tuple[torch.Tensor, torch.Tensor]:
+    objective.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    gen_loss, disc_loss, _ = objective.losses(*structured_batch())
+    return gen_loss, disc_loss
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_electra_gradients_flow_as_designed(tie):
+    objective = build("electra", model=dataclasses.replace(tiny_params().model, tie_embeddings=tie))
+    disc, gen, embeddings = objective.discriminator, objective.generator, objective.discriminator.embeddings
+    assert objective.backbone() is disc and gen.embeddings is embeddings
+    assert gen.cfg.d_model == 8 and disc.cfg.d_model == 32  # generator_width 0.25
+    gen_own, disc_own = own(gen, embeddings), own(disc, embeddings)
+
+    gen_loss, _ = fresh_losses(objective)
+    gen_loss.backward()
+    assert all(p.grad is not None for p in gen_own)  # the generator learns from its MLM loss
+    assert embeddings.token.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in disc_own + list(objective.disc_head.parameters()))
+
+    _, disc_loss = fresh_losses(objective)
+    disc_loss.backward()
+    assert all(p.grad is None for p in gen_own)  # no gradient through sampling into the generator
+    assert embeddings.token.weight.grad.abs().sum() > 0
+    assert embeddings.position.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in disc.blocks.parameters())
+    assert objective.disc_head.weight.grad.abs().sum() > 0
+
+
+def test_electra_unused_parameters_are_only_the_discriminator_lm_head():
+    """The discriminator's LM head takes no part in the loss: its grads stay None (optimizers skip them)."""
+    objective = build("electra", model=dataclasses.replace(tiny_params().model, tie_embeddings=False))
+    loss, _ = objective(*structured_batch())
+    loss.backward()
+    unused = {name for name, p in objective.named_parameters() if p.grad is None}
+    assert unused == {f"discriminator.head.{n}" for n, _ in objective.discriminator.head.named_parameters()}
+
+
+def test_electra_replacements_come_from_the_generator(monkeypatch):
+    """Selected positions get generator samples, never special ids; the rest is the original text."""
+    objective = build("electra", mlm=MLMConfig(mask_rate=0.5))
+    tokens, word_starts = structured_batch(rows=16)
+    seen = {}
+    real = objective.discriminator.forward
+
+    def spy(x):
+        seen["x"] = x
+        return real(x)
+
+    monkeypatch.setattr(objective.discriminator, "forward", spy)
+    torch.manual_seed(0)
+    _, _, metrics = objective.losses(tokens, word_starts)
+    corrupted, original = seen["x"], tokens[:, :-1]
+    changed = corrupted != original
+    assert changed.float().mean() > 0.3  # an untrained generator rarely guesses right
+    assert not (corrupted[changed] < 5).any()
+    assert (original[changed] != SPECIAL["eos"]).all()
+
+
+def test_electra_generator_width_follows_params():
+    objective = build("electra", electra=ElectraConfig(generator_width=0.5))
+    assert objective.generator.cfg.d_model == 16 and objective.generator.cfg.d_ff == 32
+
+
+@pytest.mark.parametrize("variant", [{"position": "rope"}, {"position": "alibi", "norm": "post"},
+                                     {"embedding_size": 16, "share_layers": True}])
+def test_electra_builds_on_model_variants(variant):
+    """The generator shares the discriminator's embeddings whatever their size or position scheme."""
+    objective = build("electra", model=dataclasses.replace(tiny_params().model, **variant))
+    loss, _ = objective(*structured_batch())
+    loss.backward()
+    assert torch.isfinite(loss) and objective.generator.embeddings is objective.discriminator.embeddings

@@ -1,0 +1,156 @@
+"""The trainer on a tiny stand-in module: budget, schedule, NaN handling, checkpoints, exact resume."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lib.config import ImplConfig, TrainConfig
+from lib.data import WindowBatches, fixed_windows
+from lib.errors import UserError
+from lib.packed import PackedTokens, PackedWriter
+from lib.trainer import Trainer, param_groups, warmup_decay
+
+VOCAB = 40
+
+
+class NextToken(nn.Module):
+    """Predicts token t+1 from token t, with dropout so that the RNG state matters for resume."""
+
+    def __init__(self, poison_after: int | None = None):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.norm = nn.LayerNorm(16)
+        self.drop = nn.Dropout(0.2)
+        self.out = nn.Linear(16, VOCAB)
+        self.calls, self.poison_after = 0, poison_after
+
+    def forward(self, tokens, word_starts):
+        self.calls += 1
+        logits = self.out(self.drop(self.norm(self.embed(tokens[:, :-1]))))
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        if self.poison_after is not None and self.calls > self.poison_after:
+            loss = loss * float("nan")
+        return loss, {"loss": loss.detach(), "accuracy": (logits.argmax(-1) == tokens[:, 1:]).float().mean()}
+
+
+@pytest.fixture
+def packed(tmp_path):
+    rng = np.random.default_rng(0)
+    for split, n_docs in (("train", 200), ("valid", 20)):
+        with PackedWriter(tmp_path / split, VOCAB, eos_id=3) as writer:
+            # counting sequences: the next token is learnable from the current one
+            docs = [[5 + (start + i) % (VOCAB - 5) for i in range(rng.integers(10, 60))]
+                    for start in rng.integers(0, VOCAB, size=n_docs)]
+            writer.add(docs, [[1] * len(d) for d in docs])
+    return PackedTokens(tmp_path / "train"), PackedTokens(tmp_path / "valid")
+
+
+CFG = TrainConfig(seq_len=16, batch_size=4, lr=3e-2, warmup_steps=3, budget_tokens=16 * 4 * 24, eval_every=8,
+                  eval_batches=2, log_every=1, checkpoint_every=5)
+FP32 = ImplConfig(precision="fp32", compile="off")
+
+
+def trainer(packed, ckpt, cfg=CFG, module=None, callbacks=(), fingerprint="a"):
+    torch.manual_seed(0)
+    module = module or NextToken()
+    train = WindowBatches(packed[0], cfg.seq_len + 1, cfg.batch_size, seed=1)
+    valid = fixed_windows(packed[1], cfg.seq_len + 1, cfg.batch_size, cfg.eval_batches)
+    return Trainer(module, cfg, FP32, torch.device("cpu"), train, valid, ckpt, fingerprint, seed=1, callbacks=callbacks)
+
+
+def curve(state):
+    return [(r["step"], round(r.get("train_loss", r.get("val_loss")), 6)) for r in state.history]
+
+
+class KillAt:
+    """Stands in for SIGKILL: stops the process-equivalent at a step, after its checkpoints."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_log(self, step, row):
+        if step == self.step:
+            raise KeyboardInterrupt
+
+    def on_eval(self, step, row):
+        pass
+
+
+def test_budget_schedule_and_learning(packed, tmp_path):
+    state = trainer(packed, tmp_path / "ckpt").fit()
+    assert state.step == 24 and state.tokens == CFG.budget_tokens
+    vals = [r["val_loss"] for r in state.history if "val_loss" in r]
+    assert [r["step"] for r in state.history if "val_loss" in r] == [8, 16, 24]
+    assert vals[0] > vals[1] > vals[2] and vals[2] < math.log(VOCAB) - 1.0
+
+
+def test_resume_after_kill_equals_uninterrupted_run(packed, tmp_path):
+    uninterrupted = trainer(packed, tmp_path / "a").fit()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(packed, tmp_path / "b", callbacks=(KillAt(13),)).fit()  # last checkpoint: step 10
+    resumed_trainer = trainer(packed, tmp_path / "b")
+    resumed = resumed_trainer.fit()
+    assert resumed_trainer.module.calls == (24 - 10) + 2 * 2  # steps 11..24 and evals at 16, 24: no replay
+    assert curve(resumed) == curve(uninterrupted)
+
+
+def test_checkpoint_of_another_configuration_is_not_resumed(packed, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        trainer(packed, tmp_path / "c", callbacks=(KillAt(7),)).fit()
+    fresh = trainer(packed, tmp_path / "c", fingerprint="other")
+    fresh.fit()
+    assert fresh.module.calls == 24 + 3 * 2
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(packed, tmp_path):
+    cfg = TrainConfig(**{**CFG.__dict__, "max_bad_steps": 2})
+    with pytest.raises(UserError, match=r"loss is nan at step 9, 3 bad steps in a row"):
+        trainer(packed, tmp_path / "d", cfg=cfg, module=NextToken(poison_after=6)).fit()
+    assert (tmp_path / "d" / "state.json").exists()  # the last good checkpoint (step 5) stays
+
+
+def test_budget_minutes_stops_early(packed, tmp_path):
+    cfg = TrainConfig(**{**CFG.__dict__, "budget_minutes": 1e-9})
+    state = trainer(packed, tmp_path / "e", cfg=cfg).fit()
+    assert state.step == 1 and "val_loss" in state.history[-1]
+
+
+def test_warmup_then_decay_shapes():
+    cfg = TrainConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="linear")
+    linear = warmup_decay(cfg, total_steps=110)
+    assert linear(0) == pytest.approx(0.1) and linear(9) == pytest.approx(1.0)
+    assert linear(60) == pytest.approx(0.55) and linear(110) == pytest.approx(0.1)
+    cosine = warmup_decay(TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="cosine"), total_steps=110)
+    assert cosine(60) == pytest.approx(0.5) and cosine(110) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_no_weight_decay_on_biases_norms_and_optionally_embeddings():
+    module = NextToken()
+    decay, no_decay = param_groups(module, TrainConfig(decay_embeddings=False))
+    assert {id(p) for p in decay["params"]} == {id(module.out.weight)}
+    assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 4
+    decay, _ = param_groups(module, TrainConfig(decay_embeddings=True))
+    assert {id(p) for p in decay["params"]} == {id(module.out.weight), id(module.embed.weight)}
+
+
+def test_batches_are_a_function_of_the_step(packed):
+    batches = WindowBatches(packed[0], 17, 4, seed=1)
+    assert torch.equal(batches.batch(5)[0], batches.batch(5)[0])
+    assert not torch.equal(batches.batch(5)[0], batches.batch(6)[0])
+    tokens, word_starts = batches.batch(0)
+    assert tokens.shape == word_starts.shape == (4, 17) and tokens.dtype == torch.int64
+
+
+def test_fixed_validation_windows_do_not_overlap(packed):
+    batches = fixed_windows(packed[1], 17, 4, n_batches=100)
+    windows = torch.cat([t for t, _ in batches])
+    assert len(windows) == packed[1].n_tokens // 17
+    stream = torch.from_numpy(packed[1].tokens.astype(np.int64))
+    assert torch.equal(windows[1], stream[17:34])
+
+
+def test_too_little_data_is_one_line(packed):
+    with pytest.raises(UserError, match="fewer than one window"):
+        WindowBatches(packed[1], 10**6, 4, seed=1)
