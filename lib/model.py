@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError
 
-from lib.config import ModelConfig
+from lib.config import ModelConfig, ParamsError
 from lib.errors import UserError
 from lib.io import atomic_dir
 
@@ -28,33 +28,23 @@ MIN_HEAD_SIZE = 16  # scaled(): narrower heads carry too little per head to atte
 ROPE_BASE = 10000.0
 
 
-@dataclass
-class TransformerConfig:
+@dataclass(kw_only=True)
+class TransformerConfig(ModelConfig):
+    """The model's params (ModelConfig, with its checks) plus what the tokenizer and objective decide."""
+
     vocab_size: int
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    dropout: float = 0.1
-    max_positions: int = 512
-    position: str = "learned"  # learned | sinusoidal | rope | alibi
-    norm: str = "pre"  # pre (GPT-2) | post (BERT)
-    tie_embeddings: bool = True
-    embedding_size: int | None = None  # ALBERT factorised embeddings (E); None = d_model
-    share_layers: bool = False  # ALBERT cross-layer sharing
-    segment_vocab: int = 2  # 0 = no segment embeddings
     causal: bool = False  # causal (CLM) or bidirectional attention
 
     def __post_init__(self):
-        # params.yaml is validated with key names in lib/config.py; this catches configs built in code
+        # params.yaml is checked with key names when it is loaded; this catches configs built in code
         if self.position not in POSITIONS:
             raise ValueError(f"position {self.position!r}: expected one of {', '.join(POSITIONS)}")
         if self.norm not in ("pre", "post"):
             raise ValueError(f"norm {self.norm!r}: expected pre or post")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads {self.n_heads} must divide d_model {self.d_model}")
-        if self.position == "rope" and self.head_size % 2:
-            raise ValueError(f"rope needs an even head size, d_model / n_heads = {self.head_size}")
+        try:
+            self.validate("model")
+        except ParamsError as err:
+            raise ValueError(str(err)) from None
 
     @classmethod
     def from_params(cls, model: ModelConfig, vocab_size: int, causal: bool) -> TransformerConfig:

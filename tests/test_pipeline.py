@@ -1,6 +1,7 @@
 """End to end as a user runs it: `dvc repro` in a copy of the repo on tiny slices of the real data."""
 import gzip
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -119,7 +120,8 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     assert (repo / "plots/clean/rules.csv").read_text().startswith("rule,docs")
 
     pretrain = json.loads((repo / "metrics/pretrain.json").read_text())
-    assert pretrain["objective"] == "mlm" and pretrain["steps"] == 30 and pretrain["val_loss"] < pretrain["unigram_loss"] + 1
+    assert pretrain["objective"] == "clm" and pretrain["steps"] == 30 and pretrain["val_loss"] < pretrain["unigram_loss"] + 1
+    assert pretrain["val_perplexity"] == pytest.approx(math.exp(pretrain["val_loss"]))
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (repo / "models/pretrain").iterdir()}
     assert not (repo / "data/checkpoints/pretrain").exists()  # removed once the model is out
 

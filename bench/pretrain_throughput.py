@@ -1,0 +1,248 @@
+"""Pretraining throughput: our objectives against Hugging Face `transformers` at the same shapes.
+
+    python bench/pretrain_throughput.py [--shape all|bert-base|gpt2-small|tiny] [--batch N]
+        [--precision bf16|fp32] [--no-compile] [--warmup N] [--steps N]
+
+For each shape it times a full train step (forward, backward, AdamW step, zero_grad) of
+  1. ours: lib.objectives' MaskedLM (bert-base, tiny) or CausalLM (gpt2-small), eager;
+  2. ours under torch.compile (the whole objective module, as the trainer compiles it);
+  3. HF BertForMaskedLM / GPT2LMHeadModel with the same config (vocab, layers, width, heads, FFN,
+     max positions, dropout 0.1, exact GELU, tied embeddings, attn_implementation="sdpa"), eager;
+  4. the HF model under torch.compile.
+Every model trains on one fixed batch of random tokens (seed fixed) under bf16 autocast (or fp32),
+with AdamW over the trainer's parameter groups (fused on CUDA). After the warmup steps (which include
+compilation) the timed steps give tokens/s = batch x seq_len x steps / seconds; on CUDA the clock is
+read after torch.cuda.synchronize(). MFU = Transformer.flops_per_token x tokens/s / the GPU's dense
+bf16 peak, with our formula for every row since the architectures match.
+
+What is fair and what is not:
+- Same architecture and parameter count: BERT rows are post-LN with segment embeddings, GPT-2 rows
+  pre-LN without. Ours has a few more parameters at the GPT-2 shape (an embedding LayerNorm and BERT's
+  dense+LayerNorm prediction head, ~0.5%); both counts are printed.
+- MLM: ours masks inside the timed step (new masks every step, as in training) and computes the
+  vocabulary logits at the ~15% selected positions only. HF is given inputs masked once beforehand
+  with the same 15% rate and 80/10/10 corruption (labels -100 elsewhere), as a data collator would do
+  outside the step, and computes logits at every position: its normal behaviour, and the main
+  reason ours is faster at the BERT shape. For the same reason MFU (which counts the full-vocab head
+  at every position) overstates how busy the GPU is for our MLM rows; read it as tokens/s in common units.
+- Ours also computes its accuracy metric (an argmax over its logits) in the step, as in training.
+  Compiled, our MLM breaks the graph at the masked gather (a data-dependent shape) and recompiles once
+  with a dynamic size on its third step, so keep at least 3 warmup steps.
+- CLM: both compute logits at every position. HF's loss covers seq_len - 1 targets (it shifts the
+  labels inside the window), ours seq_len (it reads windows of seq_len + 1 tokens).
+- No gradient clipping, no data loading, no .item() per step: the step itself, nothing around it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+from lib.config import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
+from lib.model import Transformer, TransformerConfig, one_line  # noqa: E402
+from lib.objectives import build_objective  # noqa: E402
+from lib.objectives.masking import mask_tokens  # noqa: E402
+from lib.trainer import PEAK_BF16_FLOPS, param_groups  # noqa: E402
+
+SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}  # random tokens are drawn above these
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[nn.Module], torch.Tensor]  # (the module or its compiled wrapper) -> loss of the batch
+
+
+@dataclass(frozen=True)
+class Shape:
+    objective: str  # mlm (BERT-like, post-LN) | clm (GPT-2-like, pre-LN)
+    vocab: int
+    layers: int
+    d_model: int
+    heads: int
+    d_ff: int
+    max_positions: int
+    seq_len: int
+    batch: int
+
+
+SHAPES = {
+    "bert-base": Shape("mlm", 30522, 12, 768, 12, 3072, 512, 128, 256),
+    "gpt2-small": Shape("clm", 50257, 12, 768, 12, 3072, 1024, 1024, 32),
+    "tiny": Shape("mlm", 16384, 4, 256, 4, 1024, 512, 128, 16),
+}
+
+
+def model_config(shape: Shape) -> ModelConfig:
+    bert = shape.objective == "mlm"
+    return ModelConfig(d_model=shape.d_model, n_layers=shape.layers, n_heads=shape.heads, d_ff=shape.d_ff,
+                       dropout=0.1, max_positions=shape.max_positions, position="learned",
+                       norm="post" if bert else "pre", tie_embeddings=True, segment_vocab=2 if bert else 0)
+
+
+def random_batch(shape: Shape, device: torch.device, seed: int) -> Batch:
+    """(batch, seq_len + 1) random non-special tokens, every token a word start."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(len(SPECIAL), shape.vocab, (shape.batch, shape.seq_len + 1), generator=g).to(device)
+    return tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+
+def build_ours(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
+    corpus = CorpusConfig(source="unused")  # the objectives read only the model and mlm sections
+    params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model_config(shape))
+    objective = build_objective(shape.objective, params, shape.vocab, SPECIAL)
+    return objective, lambda forward: forward(*batch)[0]
+
+
+def build_hf(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
+    tokens, word_starts = batch
+    if shape.objective == "mlm":
+        config = transformers.BertConfig(
+            vocab_size=shape.vocab, hidden_size=shape.d_model, num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads, intermediate_size=shape.d_ff, hidden_act="gelu",
+            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=shape.max_positions,
+            type_vocab_size=2, tie_word_embeddings=True, attn_implementation="sdpa")
+        model = transformers.BertForMaskedLM(config)
+        masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], SPECIAL, shape.vocab, MLMConfig())
+        inputs, labels = masked.inputs, masked.labels  # labels -100 outside the ~15% selected positions
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=shape.vocab, n_positions=shape.max_positions, n_embd=shape.d_model, n_layer=shape.layers,
+            n_head=shape.heads, n_inner=shape.d_ff, activation_function="gelu",  # ours is exact GELU too
+            resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, tie_word_embeddings=True, attn_implementation="sdpa")
+        model = transformers.GPT2LMHeadModel(config)
+        inputs = labels = tokens[:, :-1]  # the model shifts the labels itself
+    return model, lambda forward: forward(input_ids=inputs, labels=labels).loss
+
+
+def time_steps(forward: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, precision: str,
+               device: torch.device, warmup: int, steps: int) -> tuple[float, float]:
+    """Seconds of the warmup steps and of the timed steps that follow."""
+    def step() -> None:
+        amp = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        with amp:
+            loss = loss_fn(forward)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    timed = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return timed - start, time.perf_counter() - timed
+
+
+def measure(build: Callable, shape: Shape, compiled: bool, args: argparse.Namespace,
+            device: torch.device) -> dict[str, float]:
+    torch.manual_seed(args.seed)  # same weights and masks for the eager and compiled runs
+    batch = random_batch(shape, device, args.seed)
+    module, loss_fn = build(shape, batch)
+    module.to(device).train()
+    cfg = TrainConfig()
+    optimizer = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                  fused=device.type == "cuda")
+    forward = torch.compile(module) if compiled else module
+    warmup_s, seconds = time_steps(forward, loss_fn, optimizer, args.precision, device, args.warmup, args.steps)
+    return {"params": sum(p.numel() for p in module.parameters()), "warmup_s": warmup_s,
+            "tokens_per_s": shape.batch * shape.seq_len * args.steps / seconds}
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    torch._dynamo.reset()  # compiled graphs hold on to their modules
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def flops_per_token(shape: Shape) -> float:
+    cfg = TransformerConfig.from_params(model_config(shape), shape.vocab, causal=shape.objective == "clm")
+    with torch.device("meta"):  # flops_per_token only counts weights: no memory, no init time
+        return Transformer(cfg).flops_per_token(shape.seq_len)
+
+
+def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch.device,
+                peak: float | None) -> list[str]:
+    """Markdown table rows of the four (or, with --no-compile, two) runs at one shape."""
+    hf_name = "HF BertForMaskedLM" if shape.objective == "mlm" else "HF GPT2LMHeadModel"
+    runs = [(f"ours {shape.objective.upper()}", build_ours, False), (hf_name, build_hf, False)]
+    if args.compile:
+        runs += [(label, build, True) for label, build, _ in runs]
+    results = {}
+    for label, build, compiled in runs:
+        print(f"{name}: {label}{' compiled' if compiled else ''} ...", file=sys.stderr, flush=True)
+        try:
+            results[label, compiled] = measure(build, shape, compiled, args, device)
+            print(f"  {results[label, compiled]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+        except Exception as err:  # OOM, a compile failure: report this run and go on with the others
+            results[label, compiled] = {"error": one_line(err)}
+            print(f"  failed: {results[label, compiled]['error']}", file=sys.stderr, flush=True)
+        free_memory(device)
+
+    fpt = flops_per_token(shape)
+    baselines = [results.get((hf_name, compiled), {}).get("tokens_per_s") for compiled in (False, True)]
+    rows = []
+    for label, _, compiled in sorted(runs, key=lambda run: (run[1] is build_hf, run[2])):
+        r = results[label, compiled]
+        head = f"| {name} | {label} | {'yes' if compiled else 'no'} |"
+        if "error" in r:
+            rows.append(f"{head} failed: {r['error']} |" + " |" * 6)
+            continue
+        tps = r["tokens_per_s"]
+        mfu = f"{fpt * tps / peak:.1%}" if peak else "-"
+        ratios = [f"{tps / base:.2f}x" if base else "-" for base in baselines]
+        rows.append(f"{head} {r['params'] / 1e6:.2f}M | {shape.batch}x{shape.seq_len} | {r['warmup_s']:.1f} | "
+                    f"{tps:,.0f} | {mfu} | {' | '.join(ratios)} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all",
+                        help="all = bert-base and gpt2-small on CUDA, tiny on CPU")
+    parser.add_argument("--batch", type=int, help="sequences per step (default: the shape's)")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="bf16 = bf16 autocast")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="eager runs only")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed steps first, compilation included (default 10 on CUDA, 3 on CPU)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 30 on CUDA, 5 on CPU)")
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
+    args.steps = args.steps or (30 if cuda else 5)
+    if args.shape == "all":
+        names = ["bert-base", "gpt2-small"] if cuda else ["tiny"]
+    else:
+        names = [args.shape]
+    shapes = {name: replace(SHAPES[name], batch=args.batch or SHAPES[name].batch) for name in names}
+    device_name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in device_name), None) if cuda else None
+    print(f"{device_name}; torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"{args.precision}; {args.warmup} warmup + {args.steps} timed steps; peak bf16 "
+          f"{f'{peak / 1e12:.0f} TFLOP/s' if peak else 'unknown (no MFU)'}\n")
+
+    rows = [row for name, shape in shapes.items() for row in bench_shape(name, shape, args, device, peak)]
+    columns = ["shape", "model", "compiled", "params", "batch x seq", "warmup s", "tokens/s", "MFU", "vs HF eager",
+               "vs HF compiled"]
+    print(f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
