@@ -4,8 +4,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,40 @@ def test_bad_params_fail_in_one_line(repo):
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {bad}: clean.min_char: unknown key; did you mean 'clean.min_chars'?"
     assert not (repo / "data/x").exists()
+
+
+def test_pretrain_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path):
+    """SIGKILL the pretrain stage after a checkpoint, start it again: it resumes (never from zero)
+    and its final metrics equal those of a run that was never interrupted."""
+    repo, _ = repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["objective"] = "mlm"
+    params["tracking"]["enabled"] = False
+    params["pretrain"].update(budget_tokens=32 * 8 * 120, checkpoint_every=20, eval_every=40)
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def command(name):
+        return [sys.executable, "-m", "stages.pretrain", "--params", str(params_file),
+                "--out", str(tmp_path / name / "model"), "--metrics", str(tmp_path / name / "metrics.json"),
+                "--plots", str(tmp_path / name / "plots"), "--checkpoints", str(tmp_path / name / "ckpt")]
+
+    subprocess.run(command("whole"), cwd=repo, env=env, check=True, capture_output=True, timeout=600)
+    state = tmp_path / "killed" / "ckpt" / "state.json"
+    process = subprocess.Popen(command("killed"), cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (state.exists() and json.loads(state.read_text())["step"] >= 40) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "metrics.json").exists()
+    resumed = subprocess.run(command("killed"), cwd=repo, env=env, check=True, capture_output=True, text=True,
+                             timeout=600)
+    assert "resuming from step" in resumed.stdout
+    whole = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    killed = json.loads((tmp_path / "killed" / "metrics.json").read_text())
+    for key in ("val_loss", "val_accuracy", "steps", "tokens_seen"):
+        assert killed[key] == whole[key], key
