@@ -84,8 +84,7 @@ class NearDedupConfig:
     def validate(self, key: str) -> None:
         if self.num_perm < 1 or self.bands < 1 or self.num_perm % self.bands:
             raise ParamsError(f"{key}.bands: {self.bands} must divide {key}.num_perm ({self.num_perm})")
-        if self.shingle_words < 1:
-            raise ParamsError(f"{key}.shingle_words: {self.shingle_words} must be >= 1")
+        at_least_one(self, key, "shingle_words")
         if not 0.0 < self.threshold <= 1.0:
             raise ParamsError(f"{key}.threshold: {self.threshold} must be in (0, 1]")
 
@@ -98,8 +97,7 @@ class DecontaminateConfig:
     min_words: int = 8  # shorter evaluation examples are too generic to match on (counted, not used)
 
     def validate(self, key: str) -> None:
-        if self.min_words < 1:
-            raise ParamsError(f"{key}.min_words: {self.min_words} must be >= 1")
+        at_least_one(self, key, "min_words")
 
 
 @dataclass
@@ -124,8 +122,7 @@ class CleanConfig:
             raise ParamsError(f"{key}.min_alpha_ratio: {self.min_alpha_ratio} must be in [0, 1]")
         if self.workers < 0:
             raise ParamsError(f"{key}.workers: {self.workers} must be >= 0 (0 = one per CPU core)")
-        if self.batch_docs < 1:
-            raise ParamsError(f"{key}.batch_docs: {self.batch_docs} must be >= 1")
+        at_least_one(self, key, "batch_docs")
 
 
 @dataclass
@@ -167,12 +164,9 @@ class TokenizerConfig:
                               f"(needs >= {minimum}: {why}); raise it")
         if self.vocab_size > 2**32 - 1:
             raise ParamsError(f"{key}.vocab_size: {self.vocab_size} must fit in 32 bits")
-        if self.min_frequency < 1:
-            raise ParamsError(f"{key}.min_frequency: {self.min_frequency} must be >= 1")
+        at_least_one(self, key, "min_frequency", "batch_docs")
         if self.train_chars is not None and self.train_chars < 1:
             raise ParamsError(f"{key}.train_chars: {self.train_chars} must be >= 1 (or null for all)")
-        if self.batch_docs < 1:
-            raise ParamsError(f"{key}.batch_docs: {self.batch_docs} must be >= 1")
 
 
 @dataclass
@@ -193,9 +187,7 @@ class ModelConfig:
     segment_vocab: int = 2  # segment (token type) embeddings for sentence pairs; 0 = none
 
     def validate(self, key: str) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
-            if getattr(self, name) < 1:
-                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1")
+        at_least_one(self, key, "d_model", "n_layers", "n_heads", "d_ff", "max_positions")
         if self.d_model % self.n_heads:
             raise ParamsError(f"{key}.n_heads: {self.n_heads} must divide {key}.d_model ({self.d_model})")
         if self.position == "rope" and (self.d_model // self.n_heads) % 2:
@@ -271,10 +263,8 @@ class TrainConfig:
     max_bad_steps: int = 3  # non-finite losses in a row that are skipped before the run stops
 
     def validate(self, key: str) -> None:
-        for name in ("seq_len", "batch_size", "grad_accum", "budget_tokens", "eval_every", "eval_batches",
-                     "log_every", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1")
+        at_least_one(self, key, "seq_len", "batch_size", "grad_accum", "budget_tokens", "eval_every",
+                     "eval_batches", "log_every", "checkpoint_every")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ParamsError(f"{key}.lr/min_lr_ratio: need lr > 0 and 0 <= min_lr_ratio <= 1")
         if self.warmup_steps < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.max_bad_steps < 0:
@@ -323,6 +313,13 @@ class Params:
         if self.pretrain.seq_len > self.model.max_positions:
             raise ParamsError(f"pretrain.seq_len: {self.pretrain.seq_len} is above model.max_positions "
                               f"({self.model.max_positions}); lower it or raise model.max_positions")
+
+
+def at_least_one(section: Any, key: str, *names: str) -> None:
+    """The named integer fields of `section` must be >= 1."""
+    for name in names:
+        if getattr(section, name) < 1:
+            raise ParamsError(f"{key}.{name}: {getattr(section, name)} must be >= 1")
 
 
 def check_source(source: str, key: str) -> None:
