@@ -17,6 +17,7 @@ from lib.config import CorpusConfig, TaskConfig
 from lib.errors import UserError
 from lib.sources import read_texts
 
+CORPORA = ("pretrain", "domain")  # the fields of lib.config.Corpora, in the order they are cleaned
 TRAIN, VALID = "train", "valid"
 SUFFIX = ".jsonl.gz"
 

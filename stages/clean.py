@@ -10,7 +10,7 @@ from pathlib import Path
 from lib import tracking
 from lib.clean import DocumentCleaner, build_contamination_index
 from lib.config import load_params
-from lib.corpus import clean_corpus, eval_texts
+from lib.corpus import CORPORA, clean_corpus, eval_texts
 from lib.errors import run_main
 from lib.io import atomic_dir, atomic_file, write_json
 
@@ -33,7 +33,7 @@ def main() -> None:
             contamination = build_contamination_index(eval_texts(params.tasks), cfg)
         metrics: dict = {}
         with atomic_dir(args.out) as out:
-            for name in ("pretrain", "domain"):
+            for name in CORPORA:
                 cleaner = DocumentCleaner(cfg, contamination, params.seed)
                 metrics[name] = clean_corpus(getattr(params.corpora, name), f"corpora.{name}", cleaner, out / name)
                 print(f"clean: {name}: {metrics[name]['docs_in']} docs in, {metrics[name]['docs_out']} kept "
@@ -52,7 +52,7 @@ def write_rule_plot(path: Path, metrics: dict) -> None:
     with atomic_file(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["rule", "docs"])
-        for corpus in ("pretrain", "domain"):
+        for corpus in CORPORA:
             for kind in ("rewritten", "dropped"):
                 for rule, count in sorted(metrics[corpus][kind].items()):
                     writer.writerow([f"{corpus}: {kind} {rule}", count])

@@ -11,13 +11,12 @@ import numpy as np
 
 from lib import tracking
 from lib.config import load_params
-from lib.corpus import TRAIN, VALID, read_clean
+from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
 from lib.io import atomic_dir, atomic_file, write_json
 from lib.packed import PackedTokens, encode_to_packed
 from lib.tokenizer import train_tokenizer
 
-CORPORA = ("pretrain", "domain")
 
 
 def main() -> None:
