@@ -8,7 +8,6 @@ the parent makes them in input order. Output therefore never depends on the numb
 from __future__ import annotations
 
 import html
-import itertools
 import multiprocessing
 import os
 import re
@@ -24,6 +23,7 @@ import numpy as np
 from lib.config import CleanConfig
 from lib.dedup import N_CODE_POINTS, ContaminationIndex, LSHIndex, MinHasher, char_table, code_points, \
     exact_key, word_hashes
+from lib.io import batched
 
 DROP_REASONS = ("undecodable", "too_short", "too_long", "junk", "contaminated", "exact_dup", "near_dup")
 _REMOVED_CATEGORIES = {"Cc", "Cf", "Cs", "Co"}  # controls, format (zero-width...), surrogates, private use
@@ -194,12 +194,6 @@ def _process_in_pool(texts: list[str]) -> list[_Processed]:
     return _POOL_WORKER.process(texts)
 
 
-def _batches(docs: Iterable[str], size: int) -> Iterator[list[str]]:
-    it = iter(docs)
-    while batch := list(itertools.islice(it, size)):
-        yield batch
-
-
 class DocumentCleaner:
     """Cleans, filters, decontaminates and deduplicates a stream of documents.
 
@@ -226,7 +220,7 @@ class DocumentCleaner:
         on a corpus of any size. workers == 1 runs in this process, without a pool.
         """
         workers = self.cfg.workers or os.cpu_count() or 1
-        batches = _batches(docs, self.cfg.batch_docs)
+        batches = batched(docs, self.cfg.batch_docs)
         if workers == 1:
             for batch in batches:
                 yield from self._decide(self._worker.process(batch), stats)

@@ -1,14 +1,18 @@
-"""Atomic outputs: everything is written to a temporary sibling and renamed into place, so a killed
-or failed stage never leaves a half-written file or folder behind."""
+"""Outputs and streams. Outputs are atomic: everything is written to a temporary sibling and renamed
+into place, so a killed or failed stage never leaves a half-written file or folder behind."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import itertools
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def _umask() -> int:
@@ -60,3 +64,18 @@ def write_json(path: str | Path, obj: Any) -> None:
     with atomic_file(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+def write_csv(path: str | Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """A CSV file (DVC plots, MLflow artifacts) with `header` as its first row, written atomically."""
+    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of `size` items (the last may be shorter), read lazily; itertools.batched needs Python 3.12."""
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch

@@ -13,18 +13,17 @@ The writer streams to temporary files that are renamed into place when it closes
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from lib.errors import UserError
-from lib.io import atomic_file, write_json
+from lib.io import atomic_file, batched, write_json
 
 OFFSET_DTYPE = np.dtype(np.int64)
 FLAG_DTYPE = np.dtype(np.uint8)
@@ -210,10 +209,3 @@ def unpadded(tokenizer: Tokenizer) -> Tokenizer:
     copy.no_padding()
     copy.no_truncation()
     return copy
-
-
-def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    """Lists of `size` items (the last may be shorter); itertools.batched needs Python 3.12."""
-    iterator = iter(items)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch

@@ -4,7 +4,6 @@ Reads the `pretrain` and `domain` corpora named in params.yaml, writes
 `<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
 """
 import argparse
-import csv
 from pathlib import Path
 
 from lib import tracking
@@ -12,7 +11,7 @@ from lib.clean import DocumentCleaner, build_contamination_index
 from lib.config import load_params
 from lib.corpus import CORPORA, clean_corpus, eval_texts
 from lib.errors import run_main
-from lib.io import atomic_dir, atomic_file, write_json
+from lib.io import atomic_dir, write_csv, write_json
 
 
 def main() -> None:
@@ -49,13 +48,9 @@ def main() -> None:
 
 def write_rule_plot(path: Path, metrics: dict) -> None:
     """One row per (corpus, rule): how many documents the rule rewrote or dropped."""
-    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["rule", "docs"])
-        for corpus in CORPORA:
-            for kind in ("rewritten", "dropped"):
-                for rule, count in sorted(metrics[corpus][kind].items()):
-                    writer.writerow([f"{corpus}: {kind} {rule}", count])
+    write_csv(path, ["rule", "docs"], [[f"{corpus}: {kind} {rule}", count] for corpus in CORPORA
+                                       for kind in ("rewritten", "dropped")
+                                       for rule, count in sorted(metrics[corpus][kind].items())])
 
 
 if __name__ == "__main__":

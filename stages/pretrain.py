@@ -5,7 +5,6 @@ final metrics to the metrics JSON and the training/validation curves as plot CSV
 --checkpoints while it runs: killed and started again, it resumes from the last one.
 """
 import argparse
-import csv
 import hashlib
 import json
 import math
@@ -19,7 +18,7 @@ from lib import tracking
 from lib.config import flatten, load_params
 from lib.data import WindowBatches, fixed_windows
 from lib.errors import run_main
-from lib.io import atomic_dir, atomic_file, write_json
+from lib.io import atomic_dir, write_csv, write_json
 from lib.model import Transformer, save_model
 from lib.objectives import build_objective
 from lib.packed import PackedTokens
@@ -78,7 +77,8 @@ def main() -> None:
             metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 50.0))
         write_json(args.metrics, metrics)
         for name, columns in CURVES.items():
-            write_curve(args.plots / f"{name}.csv", columns, [r for r in state.history if f"{name}_loss" in r])
+            write_csv(args.plots / f"{name}.csv", columns,
+                      [[row.get(c, "") for c in columns] for row in state.history if f"{name}_loss" in row])
         run.log_metrics(metrics)
         for path in (args.metrics, args.plots):
             run.log_artifact(path)
@@ -98,14 +98,6 @@ def unigram_loss(packed: PackedTokens) -> float:
     counts = np.bincount(packed.tokens, minlength=packed.vocab_size).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
-
-
-def write_curve(path: Path, columns: list[str], rows: list[dict]) -> None:
-    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([row.get(c, "") for c in columns])
 
 
 class ConsoleLog:

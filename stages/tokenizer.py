@@ -4,7 +4,6 @@ Writes `<out>/tokenizer.json` (+ `spm.model` for unigram) and, for each corpus a
 `<tokens>/<corpus>/<split>.{bin,idx,wstart,json}`; metrics JSON and a document-length plot CSV.
 """
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from lib import tracking
 from lib.config import load_params
 from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
-from lib.io import atomic_dir, atomic_file, write_json
+from lib.io import atomic_dir, write_csv, write_json
 from lib.packed import PackedTokens, encode_to_packed
 from lib.tokenizer import train_tokenizer
 
@@ -62,13 +61,11 @@ def summarize(stats) -> dict:
 
 def write_length_plot(path: Path, lengths: dict[str, np.ndarray]) -> None:
     """Documents per power-of-two length bin, per corpus: what a seq_len choice cuts or pads."""
-    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["tokens_bin", "docs"])
-        for corpus, doc_lengths in lengths.items():
-            bins = np.ceil(np.log2(np.maximum(doc_lengths, 1))).astype(int)
-            for b, count in zip(*np.unique(bins, return_counts=True)):
-                writer.writerow([f"{corpus}: <= {2 ** b} tokens", int(count)])
+    rows = []
+    for corpus, doc_lengths in lengths.items():
+        bins = np.ceil(np.log2(np.maximum(doc_lengths, 1))).astype(int)
+        rows += [[f"{corpus}: <= {2 ** b} tokens", int(count)] for b, count in zip(*np.unique(bins, return_counts=True))]
+    write_csv(path, ["tokens_bin", "docs"], rows)
 
 
 if __name__ == "__main__":
