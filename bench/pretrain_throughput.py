@@ -18,7 +18,9 @@ bf16 peak, with our formula for every row since the architectures match.
 What is fair and what is not:
 - Same architecture and parameter count: BERT rows are post-LN with segment embeddings, GPT-2 rows
   pre-LN without. Ours has a few more parameters at the GPT-2 shape (an embedding LayerNorm and BERT's
-  dense+LayerNorm prediction head, ~0.5%); both counts are printed.
+  dense+LayerNorm prediction head, ~0.5%); both counts are printed. Ours also stores its embedding
+  table padded to a multiple of 64 rows (50304 for GPT-2's 50257), as lib/model.py always does: the
+  logits of the padding are sliced off, so it computes the same function. MFU counts the real vocabulary.
 - MLM: ours masks inside the timed step (new masks every step, as in training) and computes the
   vocabulary logits at the ~15% selected positions only. HF is given inputs masked once beforehand
   with the same 15% rate and 80/10/10 corruption (labels -100 elsewhere), as a data collator would do

@@ -26,6 +26,10 @@ from lib.io import atomic_dir
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 MIN_HEAD_SIZE = 16  # scaled(): narrower heads carry too little per head to attend usefully
 ROPE_BASE = 10000.0
+# The embedding table and LM decoder get rows up to a multiple of this: a vocabulary like GPT-2's
+# 50257 makes the largest matmul of the model misaligned for tensor cores (nanoGPT's 50304 trick).
+# The extra rows are never looked up and their logits are sliced off, so the model is unchanged.
+VOCAB_MULTIPLE = 64
 
 
 @dataclass(kw_only=True)
@@ -63,6 +67,10 @@ class TransformerConfig(ModelConfig):
     @property
     def embedding_dim(self) -> int:
         return self.embedding_size or self.d_model
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
     @property
     def head_size(self) -> int:
@@ -118,7 +126,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         dim = cfg.embedding_dim
-        self.token = nn.Embedding(cfg.vocab_size, dim)
+        self.token = nn.Embedding(cfg.padded_vocab, dim)
         if cfg.position == "learned":
             self.position = nn.Embedding(cfg.max_positions, dim)
         elif cfg.position == "sinusoidal":  # fixed: a buffer, not a parameter, and not saved
@@ -197,7 +205,7 @@ class LMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.d_model, cfg.embedding_dim)
         self.norm = nn.LayerNorm(cfg.embedding_dim)
-        self.decoder = nn.Linear(cfg.embedding_dim, cfg.vocab_size)
+        self.decoder = nn.Linear(cfg.embedding_dim, cfg.padded_vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.norm(F.gelu(self.dense(x))))
@@ -208,9 +216,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         if embeddings is not None and (embeddings.token.num_embeddings, embeddings.token.embedding_dim) != (
-                cfg.vocab_size, cfg.embedding_dim):
+                cfg.padded_vocab, cfg.embedding_dim):
             raise ValueError(f"shared embeddings are {tuple(embeddings.token.weight.shape)}, the config needs "
-                             f"({cfg.vocab_size}, {cfg.embedding_dim})")
+                             f"({cfg.padded_vocab}, {cfg.embedding_dim})")
         self.embeddings = embeddings if embeddings is not None else Embeddings(cfg)
         self.project = nn.Linear(cfg.embedding_dim, cfg.d_model) if cfg.embedding_dim != cfg.d_model else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(1 if cfg.share_layers else cfg.n_layers))
@@ -278,7 +286,8 @@ class Transformer(nn.Module):
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., d_model) -> (..., vocab): MLM gathers the masked positions first and pays only for those."""
-        return self.head(hidden)
+        logits = self.head(hidden)
+        return logits[..., : self.cfg.vocab_size] if self.cfg.padded_vocab != self.cfg.vocab_size else logits
 
     def layer_groups(self) -> list[list[nn.Parameter]]:
         """Bottom to top: [embeddings + projection], one group per block, [final norm + LM head].
@@ -312,7 +321,8 @@ class Transformer(nn.Module):
 
         cfg = self.cfg
         per_layer = matmul_weights(self.blocks[0])
-        dense = cfg.n_layers * per_layer + matmul_weights(self.project) + matmul_weights(self.head)
+        padding = (cfg.padded_vocab - cfg.vocab_size) * cfg.embedding_dim  # computed, but not the model's work
+        dense = cfg.n_layers * per_layer + matmul_weights(self.project) + matmul_weights(self.head) - padding
         return 6.0 * dense + 12.0 * cfg.n_layers * cfg.d_model * seq_len
 
 

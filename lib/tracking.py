@@ -87,6 +87,8 @@ class StageRun:
             self.client = None
 
     def log_params(self, params: dict[str, Any]) -> None:
+        if not self.active:  # also when mlflow is not installed: nothing of it may be imported then
+            return
         from mlflow.entities import Param
 
         items = [Param(k, _clip(v)) for k, v in sorted(flatten(params).items())]
@@ -94,6 +96,8 @@ class StageRun:
             self._call("log params", "log_batch", self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if not self.active:
+            return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)

@@ -144,17 +144,28 @@ def test_tied_weights_are_one_tensor():
     assert model.head.decoder.weight is model.embeddings.token.weight
     untied = build(tie_embeddings=False)
     assert untied.head.decoder.weight is not untied.embeddings.token.weight
-    assert untied.num_params() == model.num_params() + VOCAB * 32
+    assert untied.num_params() == model.num_params() + model.cfg.padded_vocab * 32
 
 
 def test_albert_factorised_embeddings():
     full, factorised = build(vocab_size=1000), build(vocab_size=1000, embedding_size=8)
-    assert factorised.embeddings.token.weight.shape == (1000, 8)
+    assert factorised.embeddings.token.weight.shape == (1024, 8)  # padded to a multiple of 64
     assert factorised.project.weight.shape == (32, 8)
     hidden = factorised(torch.randint(0, 1000, (2, 12)))
     assert hidden.shape == (2, 12, 32)
     assert factorised.lm_logits(hidden).shape == (2, 12, 1000)
     assert factorised.num_params() < full.num_params() - 1000 * 20
+
+
+def test_vocab_padding_is_invisible():
+    model = build()  # VOCAB 50 -> 64 rows
+    assert model.cfg.padded_vocab == 64 and model.embeddings.token.weight.shape == (64, 32)
+    logits = model.lm_logits(model(tokens()))
+    assert logits.shape == (2, 12, VOCAB)
+    F.cross_entropy(logits.flatten(0, 1), tokens().flatten()).backward()
+    grad = model.embeddings.token.weight.grad
+    assert grad[VOCAB:].abs().sum() == 0 and grad[5:VOCAB].abs().sum() > 0  # padding rows never learn
+    assert build(vocab_size=128).embeddings.token.weight.shape == (128, 32)
 
 
 def test_shared_layers_count_one_block():

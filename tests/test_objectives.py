@@ -173,7 +173,7 @@ def test_electra_learns_one_batch():
     assert mean(last, "disc_accuracy") > mean(first, "disc_accuracy") + 0.05
     assert mean(last, "replaced_recall") > 0.4 > mean(first, "replaced_recall")
     assert mean(last, "gen_loss") < mean(first, "gen_loss") - 0.5
-    assert mean(last, "gen_accuracy") > 0.1
+    assert mean(last, "gen_accuracy") > max(0.06, 3 * mean(first, "gen_accuracy"))  # chance is 1/55
 
 
 def own(module: torch.nn.Module, shared: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -1,4 +1,5 @@
 """Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
+import sys
 import time
 
 import pytest
@@ -110,3 +111,26 @@ def test_disabled_tracking_touches_nothing(tmp_path, monkeypatch):
     with tracking.stage_run("clean", TrackingConfig(enabled=False), {}, {"a": 1}) as run:
         run.log_metrics({"x": 1.0})
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_missing_mlflow_warns_once_and_stage_finishes(tmp_path, monkeypatch, capsys):
+    """The GPU image of a user (or ours) may lack mlflow: the stage must still run."""
+    monkeypatch.setattr(tracking, "_warned", False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [BlockMlflow(), *sys.meta_path])
+    with tracking.stage_run("pretrain", TrackingConfig(), {"seed": 1}, {"a": 1}) as run:
+        run.on_log(1, {"step": 1, "loss": 2.0})
+        run.log_artifact(__file__)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "No module named 'mlflow'" in err
+
+
+class BlockMlflow:
+    """An import hook that makes `import mlflow` fail as if it were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlflow" or name.startswith("mlflow."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
