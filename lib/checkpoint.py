@@ -6,6 +6,7 @@ run. A run whose fingerprint differs (other params, other data) starts fresh and
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -14,10 +15,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 
+from lib.config import flatten
 from lib.errors import describe
 from lib.io import atomic_dir, write_json
 
 WEIGHTS, TRAIN_STATE, STATE = "module.safetensors", "train_state.pt", "state.json"
+
+
+def fingerprint(stage_params: dict[str, Any], **facts: Any) -> str:
+    """What determines a run: its params (but how it is compiled) and `facts` (data sizes, hashes of
+    inputs). Saved work is reused only by a run with the same fingerprint."""
+    described = {"params": {k: str(v) for k, v in flatten(stage_params).items() if not k.startswith("impl.compile")},
+                 **facts}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def save_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer,

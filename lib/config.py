@@ -19,6 +19,8 @@ import yaml
 from lib.errors import UserError
 
 Objective = Literal["clm", "mlm", "electra"]
+Metric = Literal["accuracy", "f1", "mcc"]
+Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
 
@@ -65,10 +67,25 @@ class TaskConfig:
     text_field: str = "text"
     text_pair_field: str | None = None  # second text of sentence-pair tasks
     label_field: str = "label"
-    eval_splits: list[str] = field(default_factory=lambda: ["validation"])
+    eval_splits: list[str] = field(default_factory=lambda: ["validation"])  # the first is reported by finetune
+    train_split: str = "train"
+    label_names: list[str] | None = None  # names of label ids 0..n-1; null = the labels found in train
+    metrics: list[Metric] = field(default_factory=lambda: ["accuracy"])  # the first selects the best epoch
+    max_len: int = 128  # tokens per example, the special tokens included
+    truncation: Literal["head", "tail", "head_tail"] = "head"  # which part of a long text is kept
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
+        if not self.eval_splits:
+            raise ParamsError(f"{key}.eval_splits: empty; name the split to evaluate on, e.g. [validation]")
+        if self.train_split in self.eval_splits:
+            raise ParamsError(f"{key}.train_split: '{self.train_split}' is also in {key}.eval_splits")
+        if not self.metrics:
+            raise ParamsError(f"{key}.metrics: empty; name at least one of accuracy, f1, mcc")
+        if self.max_len < 8:
+            raise ParamsError(f"{key}.max_len: {self.max_len} must be >= 8 (special tokens + some text)")
+        if self.label_names is not None and len(set(self.label_names)) < 2:
+            raise ParamsError(f"{key}.label_names: need at least 2 distinct names (or null)")
 
 
 @dataclass
@@ -244,10 +261,15 @@ class TrainConfig:
     seq_len: int = 128
     batch_size: int = 32  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
-    lr: float = 1e-3
-    schedule: Literal["linear", "cosine"] = "linear"  # after warmup, decay to min_lr_ratio * lr at the token budget
+    lr: float = 1e-3  # the peak LR (of the top layer group when lr_decay > 1)
+    # linear/cosine: warmup_steps, then decay to min_lr_ratio * lr at the token budget;
+    # stlr: ULMFiT's slanted triangular LR, up for cut_frac of the steps, then down to lr / stlr_ratio
+    schedule: Literal["linear", "cosine", "stlr"] = "linear"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
+    cut_frac: float = 0.1
+    stlr_ratio: float = 32.0
+    lr_decay: float = 1.0  # discriminative LRs: each layer group's LR is the one above it / lr_decay
     weight_decay: float = 0.01
     decay_embeddings: bool = True  # weight decay on embedding matrices too (never on biases and norms)
     beta1: float = 0.9
@@ -273,10 +295,71 @@ class TrainConfig:
             raise ParamsError(f"{key}.beta1/beta2/eps: need betas in [0, 1) and eps > 0")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ParamsError(f"{key}.budget_minutes: {self.budget_minutes} must be > 0 (or null for none)")
+        check_ulmfit_lr(self, key)
         step_tokens = self.seq_len * self.batch_size * self.grad_accum
         if self.budget_tokens < step_tokens:
             raise ParamsError(f"{key}.budget_tokens: {self.budget_tokens} is less than one step "
                               f"(seq_len * batch_size * grad_accum = {step_tokens}); raise it")
+
+
+@dataclass
+class AdaptConfig(TrainConfig):
+    """ULMFiT step 2: continue the pretraining objective on the target domain's unlabeled text."""
+
+    enabled: bool = True  # false: the pretrained model goes on unchanged (to measure what adapting adds)
+    schedule: Literal["linear", "cosine", "stlr"] = "stlr"
+    lr_decay: float = 2.6
+
+
+@dataclass
+class FinetuneConfig:
+    """ULMFiT step 3 and its baselines, per task x variant x seed."""
+
+    tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # names in `tasks`
+    # ulmfit: adapted model, concat-pooling head, gradual unfreezing, discriminative LRs, STLR;
+    # plain: adapted model, linear head on [CLS]/last token, all layers, one LR, linear warmup/decay;
+    # from_scratch: plain on a randomly initialised model of the same shape; frozen: linear probe
+    variants: list[Variant] = field(default_factory=lambda: ["ulmfit", "plain", "from_scratch", "frozen"])
+    seeds: int = 2  # runs per task x variant, seeds seed, seed+1, ...
+    epochs: int = 3
+    batch_size: int = 32
+    max_train_examples: int | None = None  # per task, a fixed subset of train (quick runs); null = all
+    max_eval_examples: int | None = None  # per task, a fixed subset of the reported split; null = all
+    dev_fraction: float = 0.1  # of train, hashed out as the dev set that picks the best epoch
+    dev_max: int = 2000
+    lr: float = 2e-3  # ulmfit: the head's LR; lower groups / lr_decay each
+    lr_decay: float = 2.6
+    cut_frac: float = 0.1
+    stlr_ratio: float = 32.0
+    unfreeze_every: int = 0  # ulmfit: steps between unfreezing the next group from the top; 0 = every epoch
+    plain_lr: float = 1e-4  # plain
+    scratch_lr: float = 1e-3  # from_scratch: random weights need a larger LR than pretrained ones
+    warmup_frac: float = 0.1  # plain, from_scratch, frozen: linear warmup, then linear decay to 0
+    probe_lr: float = 1e-2  # frozen
+    probe_epochs: int = 20  # frozen: the probe trains on cached features, so epochs are cheap
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    head_hidden: int = 128  # ULMFiT classifier block: concat pool -> norm, dropout, linear, ReLU, norm, dropout, linear
+    head_dropout: float = 0.1
+    aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
+    patience: int = 2  # epochs without a better dev score before stopping
+
+    def validate(self, key: str) -> None:
+        at_least_one(self, key, "seeds", "epochs", "probe_epochs", "batch_size", "dev_max", "head_hidden", "patience")
+        for name in ("tasks", "variants"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ParamsError(f"{key}.{name}: {values} must be a non-empty list without repeats")
+        if not 0.0 < self.dev_fraction < 1.0:
+            raise ParamsError(f"{key}.dev_fraction: {self.dev_fraction} must be in (0, 1)")
+        for name in ("max_train_examples", "max_eval_examples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1 (or null for all)")
+        if min(self.lr, self.plain_lr, self.scratch_lr, self.probe_lr) <= 0 or not 0 <= self.warmup_frac < 1:
+            raise ParamsError(f"{key}: lr, plain_lr, scratch_lr and probe_lr must be > 0 and warmup_frac in [0, 1)")
+        if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0 or self.weight_decay < 0:
+            raise ParamsError(f"{key}: need 0 <= head_dropout < 1, aux_lm_weight >= 0, weight_decay >= 0")
+        check_ulmfit_lr(self, key)
 
 
 @dataclass
@@ -307,12 +390,27 @@ class Params:
     mlm: MLMConfig = field(default_factory=MLMConfig)
     electra: ElectraConfig = field(default_factory=ElectraConfig)
     pretrain: TrainConfig = field(default_factory=TrainConfig)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     def validate(self, key: str) -> None:
-        if self.pretrain.seq_len > self.model.max_positions:
-            raise ParamsError(f"pretrain.seq_len: {self.pretrain.seq_len} is above model.max_positions "
-                              f"({self.model.max_positions}); lower it or raise model.max_positions")
+        for name in ("pretrain", "adapt"):
+            seq_len = getattr(self, name).seq_len
+            if seq_len > self.model.max_positions:
+                raise ParamsError(f"{name}.seq_len: {seq_len} is above model.max_positions "
+                                  f"({self.model.max_positions}); lower it or raise model.max_positions")
+        for i, task in enumerate(self.finetune.tasks):
+            if task not in self.tasks:
+                close = difflib.get_close_matches(task, self.tasks, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
+                raise ParamsError(f"finetune.tasks[{i}]: '{task}' is not a task in `tasks`; {hint}")
+            if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
+                raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
+                                  f"({self.model.max_positions}); lower it")
+        if self.finetune.aux_lm_weight > 0 and self.objective != "clm":
+            raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
+                              f"(objective: clm), not {self.objective}; set it to 0")
 
 
 def at_least_one(section: Any, key: str, *names: str) -> None:
@@ -320,6 +418,14 @@ def at_least_one(section: Any, key: str, *names: str) -> None:
     for name in names:
         if getattr(section, name) < 1:
             raise ParamsError(f"{key}.{name}: {getattr(section, name)} must be >= 1")
+
+
+def check_ulmfit_lr(section: Any, key: str) -> None:
+    """The STLR and discriminative-LR fields shared by TrainConfig and FinetuneConfig."""
+    if not 0.0 < section.cut_frac < 1.0 or section.stlr_ratio < 1.0:
+        raise ParamsError(f"{key}.cut_frac/stlr_ratio: need 0 < cut_frac < 1 and stlr_ratio >= 1")
+    if section.lr_decay < 1.0:
+        raise ParamsError(f"{key}.lr_decay: {section.lr_decay} must be >= 1 (1 = one LR for all layers)")
 
 
 def check_source(source: str, key: str) -> None:

@@ -33,6 +33,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for file in tmp.rglob("*"):  # some writers (safetensors) create owner-only files
+        if file.is_file():
+            file.chmod(0o666 & ~_umask())
     if path.exists():
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.replace(path, old)

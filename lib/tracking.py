@@ -116,6 +116,22 @@ class StageRun:
 
     on_eval = on_log  # validation rows are logged the same way
 
+    def child(self, name: str, params: dict[str, Any], tags: dict[str, str]) -> StageRun:
+        """A run nested under this one (a finetune stage's task x variant x seed), with its params logged."""
+        child = StageRun()
+        if self.active:
+            try:
+                parent = self.client.get_run(self.run_id)
+                tags = {**{k: v for k, v in parent.data.tags.items() if k in CHILD_TAGS}, **tags,
+                        "mlflow.parentRunId": self.run_id}
+                run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=tags)
+                child = StageRun(self.client, run.info.run_id)
+            except Exception as err:
+                warn(f"MLflow could not open run {name} ({describe(err)}); the stage goes on without tracking")
+                self.client = None
+        child.log_params(params)
+        return child
+
     def finish(self, status: str) -> None:
         self._call("end the run", "set_terminated", self.run_id, status)
         if self.parent_id:
@@ -123,6 +139,7 @@ class StageRun:
 
 
 _warned = False
+CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage")  # copied from the stage's run
 
 
 def warn(message: str) -> None:

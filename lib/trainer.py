@@ -46,19 +46,54 @@ def autocast(device: torch.device, impl: ImplConfig) -> contextlib.AbstractConte
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def param_groups(module: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Weight decay on matrices (embeddings as configured), never on biases and norm weights."""
+def param_groups(module: nn.Module, cfg: TrainConfig,
+                 layer_groups: list[list[nn.Parameter]] | None = None) -> list[dict[str, Any]]:
+    """AdamW groups of `module` for a TrainConfig; see discriminative_groups."""
+    return discriminative_groups(module, layer_groups or [], cfg.lr, cfg.lr_decay, cfg.weight_decay,
+                                 cfg.decay_embeddings)
+
+
+def discriminative_groups(module: nn.Module, layer_groups: list[list[nn.Parameter]], lr: float, lr_decay: float,
+                          weight_decay: float, decay_embeddings: bool = True) -> list[dict[str, Any]]:
+    """Two optimizer groups per layer group, bottom to top: weight decay on matrices (embeddings as
+    configured), never on biases and norm weights. ULMFiT's discriminative LRs: the top layer group
+    trains at `lr`, each one below at the LR above it / lr_decay. Parameters of `module` in no layer
+    group join the top one (an objective's generator, a classifier head). Frozen parameters are
+    included, so that unfreezing later needs no new optimizer; while frozen they have no gradient,
+    which AdamW skips. Each group carries "layer": its layer group's index."""
     embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for p in module.parameters():
-        if p.requires_grad:
-            is_matrix = p.ndim >= 2 and (cfg.decay_embeddings or id(p) not in embeddings)
-            (decay if is_matrix else no_decay).append(p)
-    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    grouped = {id(p) for group in layer_groups for p in group}
+    rest = [p for p in module.parameters() if id(p) not in grouped]
+    layers = [*layer_groups[:-1], [*layer_groups[-1], *rest]] if layer_groups else [rest]
+    groups = []
+    for i, params in enumerate(layers):
+        layer_lr = lr / lr_decay ** (len(layers) - 1 - i)
+        decay = [p for p in params if p.ndim >= 2 and (decay_embeddings or id(p) not in embeddings)]
+        no_decay = [p for p in params if not (p.ndim >= 2 and (decay_embeddings or id(p) not in embeddings))]
+        groups += [{"params": decay, "weight_decay": weight_decay, "lr": layer_lr, "layer": i},
+                   {"params": no_decay, "weight_decay": 0.0, "lr": layer_lr, "layer": i}]
+    return groups
 
 
-def warmup_decay(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warmup to 1, then linear or cosine decay to min_lr_ratio at total_steps."""
+def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Callable[[int], float]:
+    """ULMFiT's STLR (Howard & Ruder 2018, eq. 3) as a multiplier of the peak LR: from 1/ratio up to 1
+    over the first cut_frac of the steps, then linearly back down to 1/ratio at total_steps."""
+    cut = max(1, math.floor(total_steps * cut_frac))
+
+    def multiplier(step: int) -> float:
+        if step < cut:
+            p = step / cut
+        else:
+            p = max(0.0, 1 - (step - cut) / max(1, total_steps - cut))
+        return (1 + p * (ratio - 1)) / ratio
+    return multiplier
+
+
+def lr_multiplier(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    """The schedule of cfg: STLR, or linear warmup to 1 then linear/cosine decay to min_lr_ratio at total_steps."""
+    if cfg.schedule == "stlr":
+        return slanted_triangular(total_steps, cfg.cut_frac, cfg.stlr_ratio)
+
     def multiplier(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -80,15 +115,16 @@ class TrainState:
 class Trainer:
     def __init__(self, module: nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
                  train: WindowBatches, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
-                 seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = ()):
+                 seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = (),
+                 layer_groups: list[list[nn.Parameter]] | None = None):
         self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
         self.train, self.valid, self.seed = train, valid, seed
         self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
         self.step_tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
         self.total_steps = math.ceil(cfg.budget_tokens / self.step_tokens)
-        self.optimizer = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        self.optimizer = torch.optim.AdamW(param_groups(module, cfg, layer_groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=cfg.eps, fused=device.type == "cuda")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_decay(cfg, self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
         self.forward = torch.compile(module) if compile_it else module
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
@@ -164,7 +200,7 @@ class Trainer:
     def _log(self, window: dict[str, float]) -> None:
         steps, seconds = window.pop("steps"), window.pop("seconds")
         tokens_per_s = steps * self.step_tokens / seconds
-        row = {"step": self.state.step, "tokens": self.state.tokens, "lr": self.scheduler.get_last_lr()[0],
+        row = {"step": self.state.step, "tokens": self.state.tokens, "lr": self.scheduler.get_last_lr()[-1],  # top group
                "tokens_per_s": tokens_per_s, **{f"train_{k}": v / steps for k, v in window.items()}}
         if self.flops_per_s_peak:
             row["mfu"] = self.flops_per_token * tokens_per_s / self.flops_per_s_peak

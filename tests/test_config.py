@@ -110,6 +110,36 @@ def test_impossible_values(chdir_root, tmp_path, default_params):
     assert "corpora.pretrain.valid_split: 'validation' is also in corpora.pretrain.splits" in error_of(tmp_path, default_params)
 
 
+def test_finetune_task_must_be_a_task(chdir_root, tmp_path, default_params):
+    default_params["finetune"]["tasks"] = ["imdb", "sst"]
+    assert "finetune.tasks[1]: 'sst' is not a task in `tasks`; did you mean 'sst2'?" in error_of(tmp_path, default_params)
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("finetune", "variants", ["ulmfit", "ulmfit"], "finetune.variants: ['ulmfit', 'ulmfit'] must be a non-empty list"),
+    ("finetune", "variants", ["ulmfit", "fancy"], "finetune.variants[1]: 'fancy' is not one of"),
+    ("finetune", "lr_decay", 0.5, "finetune.lr_decay: 0.5 must be >= 1"),
+    ("adapt", "cut_frac", 1.5, "adapt.cut_frac/stlr_ratio: need 0 < cut_frac < 1"),
+    ("adapt", "schedule", "stlr2", "adapt.schedule: 'stlr2' is not one of linear, cosine, stlr"),
+    ("finetune", "aux_lm_weight", 0.5, None),  # fine with the default objective, clm
+])
+def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value, message):
+    default_params[section][key] = value
+    if message is None:
+        load(tmp_path, default_params)
+        default_params["objective"] = "mlm"
+        message = "finetune.aux_lm_weight: the auxiliary LM loss needs a causal model"
+    assert message in error_of(tmp_path, default_params)
+
+
+def test_task_fields(chdir_root, tmp_path, default_params):
+    default_params["tasks"]["mrpc"]["metrics"] = ["f2"]
+    assert "tasks.mrpc.metrics[0]: 'f2' is not one of accuracy, f1, mcc" in error_of(tmp_path, default_params)
+    default_params["tasks"]["mrpc"]["metrics"] = ["f1"]
+    default_params["tasks"]["sst2"]["max_len"] = 1024  # checked for the tasks that finetune trains
+    assert "tasks.sst2.max_len: 1024 is above model.max_positions (512)" in error_of(tmp_path, default_params)
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("seed: 1\nclean: {min_chars: 3\n")

@@ -34,9 +34,10 @@ def test_outputs_get_umask_permissions(tmp_path):
     old = os.umask(0o022)
     try:
         write_json(tmp_path / "m.json", {})
-        with atomic_dir(tmp_path / "d"):
-            pass
+        with atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "w.safetensors").touch(mode=0o600)  # as safetensors writes its files
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "d" / "w.safetensors").stat().st_mode) == 0o644

@@ -18,7 +18,7 @@ from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 # rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
 TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "unsup": 150, "test": 60},
-        "sst2": {"validation": 60, "test": 60}, "cola": {"validation": 40, "test_unlabeled": 40},
+        "sst2": {"train": 150, "validation": 60, "test": 60}, "cola": {"validation": 40, "test_unlabeled": 40},
         "mrpc": {"validation": 40, "test": 40}, "rte": {"validation": 30, "test_unlabeled": 30}}
 
 
@@ -35,7 +35,10 @@ def make_tiny_data(shared: Path) -> str:
     evaluation sentence planted in the pretraining text."""
     for name, splits in TINY.items():
         for split, n in splits.items():
-            rows = head(SHARED_DATA / name / f"{split}.jsonl.gz", n)
+            if name == "imdb" and split in ("train", "test"):  # sorted by label: take n around the middle
+                rows = head(SHARED_DATA / name / f"{split}.jsonl.gz", 12500 + n // 2)[-n:]
+            else:
+                rows = head(SHARED_DATA / name / f"{split}.jsonl.gz", n)
             if name == "wikipedia_en":
                 rows = [{**r, "text": r["text"][:4000]} for r in rows]
             write_jsonl_gz(shared / name / f"{split}.jsonl.gz", rows)
@@ -67,6 +70,12 @@ def tiny_params(repo: Path) -> None:
     params["model"].update(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_positions=64)
     params["pretrain"].update(seq_len=32, batch_size=8, warmup_steps=5, budget_tokens=32 * 8 * 30,
                               budget_minutes=None, eval_every=10, eval_batches=2, log_every=5, checkpoint_every=10)
+    params["adapt"].update(seq_len=32, batch_size=8, budget_tokens=32 * 8 * 20, budget_minutes=None, eval_every=10,
+                           eval_batches=2, log_every=5, checkpoint_every=10)
+    params["tasks"]["imdb"]["max_len"] = 64
+    params["tasks"]["sst2"]["max_len"] = 32
+    params["finetune"].update(seeds=1, epochs=2, batch_size=8, max_train_examples=None, max_eval_examples=None,
+                              dev_fraction=0.2, dev_max=40, probe_epochs=3, head_hidden=16)
     params["impl"]["precision"] = "fp32"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -92,6 +101,9 @@ def repo(tmp_path_factory):
     return repo, planted
 
 
+STAGES = ["clean", "tokenizer", "pretrain", "adapt", "finetune"]
+
+
 def stage_runs(repo: Path) -> list:
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("transfer-pipeline")
@@ -101,7 +113,7 @@ def stage_runs(repo: Path) -> list:
 def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     repo, planted = repo
     out = run(repo, "dvc", "repro")
-    assert all(f"Running stage '{stage}'" in out for stage in ("clean", "tokenizer", "pretrain"))
+    assert all(f"Running stage '{stage}'" in out for stage in STAGES)
 
     clean = json.loads((repo / "metrics/clean.json").read_text())
     assert clean["pretrain"]["dropped"]["exact_dup"] >= 1
@@ -127,10 +139,30 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (repo / "models/pretrain").iterdir()}
     assert not (repo / "data/checkpoints/pretrain").exists()  # removed once the model is out
 
+    adapt = json.loads((repo / "metrics/adapt.json").read_text())
+    assert adapt["objective"] == "clm" and adapt["steps"] == 20 and adapt["val_loss"] < adapt["before_val_loss"]
+    assert (repo / "models/adapt/tokenizer.json").is_file()
+
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert set(finetune) == {"imdb", "sst2"}
+    for task, split in (("imdb", "test"), ("sst2", "validation")):
+        assert finetune[task]["eval_split"] == split and finetune[task]["eval_examples"] == 60
+        assert set(finetune[task]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+        accuracy = finetune[task]["variants"]["ulmfit"]["eval"]["accuracy"]
+        assert 0.0 <= accuracy["mean"] <= 1.0 and len(accuracy["seeds"]) == 1 and accuracy["std"] == 0.0
+        header = (repo / f"plots/finetune/{task}.csv").read_text().splitlines()[0]
+        assert header == "epoch,ulmfit,plain,from_scratch,frozen"
+    from lib.classifier import load_classifier
+    classifier, info = load_classifier(repo / "models/finetune/sst2")
+    assert info["label_names"] == ["0", "1"] and info["task"] == "sst2"
+    assert not (repo / "data/checkpoints/finetune").exists()
+
     runs = stage_runs(repo)
     parents = [r for r in runs if r.data.tags["pipeline.role"] == "pipeline"]
     stages = [r for r in runs if r.data.tags["pipeline.role"] == "stage"]
-    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == ["clean", "tokenizer", "pretrain"]
+    assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == STAGES
+    trials = [r for r in runs if r.data.tags["pipeline.role"] == "finetune-run"]
+    assert len(trials) == 2 * 4 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {stages[-1].info.run_id}
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
     assert stages[0].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
     assert stages[1].data.params["tokenizer.vocab_size"] == "400"
@@ -138,17 +170,21 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     # nothing changed: nothing reruns, nothing new is tracked
     out = run(repo, "dvc", "repro")
     assert "Running stage" not in out
-    assert len(stage_runs(repo)) == 4
+    assert len(stage_runs(repo)) == 1 + len(STAGES) + 8
 
 
-def test_objective_experiment_reruns_only_pretraining(repo):
+def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
     repo, _ = repo
     out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-n", "electra")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     metrics = json.loads((repo / "metrics/pretrain.json").read_text())
     assert metrics["objective"] == "electra" and 0.5 < metrics["val_disc_accuracy"] <= 1.0
+    assert (repo / "models/pretrain/objective.safetensors").is_file()  # the generator, for adapt
+    adapt = json.loads((repo / "metrics/adapt.json").read_text())
+    assert adapt["objective"] == "electra" and "val_replaced_recall" in adapt and "before_val_disc_loss" in adapt
     runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
-    assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == ["pretrain"]
+    assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == \
+        ["pretrain", "adapt", "finetune"]
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):

@@ -10,7 +10,7 @@ from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches, fixed_windows
 from lib.errors import UserError
 from lib.packed import PackedTokens, PackedWriter
-from lib.trainer import Trainer, param_groups, warmup_decay
+from lib.trainer import Trainer, discriminative_groups, lr_multiplier, param_groups, slanted_triangular
 
 VOCAB = 40
 
@@ -119,11 +119,37 @@ def test_budget_minutes_stops_early(packed, tmp_path):
 
 def test_warmup_then_decay_shapes():
     cfg = TrainConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="linear")
-    linear = warmup_decay(cfg, total_steps=110)
+    linear = lr_multiplier(cfg, total_steps=110)
     assert linear(0) == pytest.approx(0.1) and linear(9) == pytest.approx(1.0)
     assert linear(60) == pytest.approx(0.55) and linear(110) == pytest.approx(0.1)
-    cosine = warmup_decay(TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="cosine"), total_steps=110)
+    cosine = lr_multiplier(TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="cosine"), total_steps=110)
     assert cosine(60) == pytest.approx(0.5) and cosine(110) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_stlr_shape():
+    """Howard & Ruder's example: T steps, peak at cut_frac * T, 1/ratio at both ends, linear between."""
+    stlr = slanted_triangular(total_steps=1000, cut_frac=0.1, ratio=32)
+    values = [stlr(t) for t in range(1001)]
+    assert values[0] == pytest.approx(1 / 32) and values[1000] == pytest.approx(1 / 32)
+    assert max(values) == pytest.approx(1.0) and values.index(max(values)) == 100
+    assert values[50] == pytest.approx((1 + 0.5 * 31) / 32) and values[550] == pytest.approx((1 + 0.5 * 31) / 32)
+    rising, falling = values[:101], values[100:]
+    assert all(a < b for a, b in zip(rising, rising[1:])) and all(a > b for a, b in zip(falling, falling[1:]))
+    assert lr_multiplier(TrainConfig(schedule="stlr", cut_frac=0.1, stlr_ratio=32), 1000)(100) == 1.0
+
+
+def test_discriminative_lrs_divide_by_lr_decay_per_group():
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2),
+                                 torch.nn.LayerNorm(2))
+    layers = [list(module[i].parameters()) for i in range(3)]  # the LayerNorm is in no group: joins the top
+    groups = discriminative_groups(module, layers, lr=1e-2, lr_decay=2.6, weight_decay=0.1)
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert lr_of[id(module[2].weight)] == pytest.approx(1e-2)
+    assert lr_of[id(module[1].weight)] == pytest.approx(1e-2 / 2.6)
+    assert lr_of[id(module[0].bias)] == pytest.approx(1e-2 / 2.6 ** 2)
+    assert lr_of[id(module[3].weight)] == pytest.approx(1e-2)
+    assert len(lr_of) == sum(1 for _ in module.parameters())  # every parameter exactly once
+    assert {g["weight_decay"] for g in groups if any(p is module[0].bias for p in g["params"])} == {0.0}
 
 
 def test_no_weight_decay_on_biases_norms_and_optionally_embeddings():

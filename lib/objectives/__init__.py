@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import ClassVar
 
+import safetensors.torch
+import torch
 from torch import Tensor, nn
 
 from lib.config import Params
 from lib.errors import UserError
-
-if TYPE_CHECKING:
-    from lib.model import Transformer
+from lib.model import Transformer, load_model, save_model
 
 
 class Objective(nn.Module):
@@ -68,3 +69,44 @@ def build_objective(name: str, params: Params, vocab_size: int, special_ids: dic
 
 for _module in pkgutil.iter_modules(__path__):  # each objective module registers itself on import
     importlib.import_module(f"{__name__}.{_module.name}")
+
+
+EXTRAS_FILE = "objective.safetensors"
+
+
+def objective_extras(objective: Objective) -> dict[str, Tensor]:
+    """The objective's tensors outside its backbone (ELECTRA's generator and detection head): what a
+    later stage needs, beside the backbone, to continue the same objective. Empty for clm and mlm."""
+    backbone = {id(p) for p in objective.backbone().parameters()}
+    return {name: p.detach() for name, p in objective.named_parameters() if id(p) not in backbone}
+
+
+def save_objective(objective: Objective, out_dir: Path) -> None:
+    """The backbone as a model folder (lib.model.save_model), plus objective.safetensors if any extras."""
+    save_model(objective.backbone(), out_dir)
+    extras = objective_extras(objective)
+    if extras:
+        safetensors.torch.save_file({k: v.contiguous().cpu() for k, v in extras.items()}, str(out_dir / EXTRAS_FILE))
+
+
+def load_objective(objective: Objective, model_dir: Path) -> bool:
+    """Load a folder written by save_objective into `objective` (built with the same params). The
+    backbone must match exactly; the extras load when the folder has them. Returns whether it had them."""
+    backbone = objective.backbone()
+    saved = load_model(model_dir)
+    if saved.cfg != backbone.cfg:
+        raise UserError(f"{model_dir}: its model config differs from params.yaml's model section "
+                        "(rerun the stage that wrote it)")
+    backbone.load_state_dict(saved.state_dict())
+    path = Path(model_dir) / EXTRAS_FILE
+    expected = objective_extras(objective)
+    if not expected or not path.is_file():
+        return False
+    tensors = safetensors.torch.load_file(str(path))
+    if set(tensors) != set(expected) or any(tensors[k].shape != expected[k].shape for k in tensors):
+        raise UserError(f"{path}: does not match objective '{objective.name}' with these params; "
+                        "rerun the stage that wrote it")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            expected[name].copy_(tensor)
+    return True

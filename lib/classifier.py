@@ -1,0 +1,124 @@
+"""A sequence classifier on the pipeline's transformer, and its saved form.
+
+Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last
+real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooling
+[that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
+classifier block (norm, dropout, linear, ReLU, norm, dropout, linear) or one linear layer. LayerNorm
+stands in for ULMFiT's BatchNorm: it does not depend on the batch, so a prediction does not change
+with what it is batched with.
+
+Saved as a folder: the backbone as lib.model writes it (model.safetensors + config.json), the head
+(head.safetensors), classifier.json (head config, label names, how inputs are encoded) and the
+tokenizer files, so `load_classifier(folder)` rebuilds it in one call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lib.errors import UserError
+from lib.io import atomic_dir
+from lib.model import Transformer, load_model, save_model
+
+HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
+
+
+@dataclass
+class HeadConfig:
+    n_classes: int
+    features: Literal["concat", "token"] = "concat"  # concat pooling, or the [CLS]/last token's state
+    block: bool = True  # ULMFiT's classifier block; false: one linear layer
+    hidden: int = 128
+    dropout: float = 0.1
+
+
+class Classifier(nn.Module):
+    def __init__(self, backbone: Transformer, head: HeadConfig):
+        super().__init__()
+        self.backbone, self.head_cfg = backbone, head
+        d = backbone.cfg.d_model * (3 if head.features == "concat" else 1)
+        if head.block:
+            self.head = nn.Sequential(nn.LayerNorm(d), nn.Dropout(head.dropout), nn.Linear(d, head.hidden), nn.ReLU(),
+                                      nn.LayerNorm(head.hidden), nn.Dropout(head.dropout),
+                                      nn.Linear(head.hidden, head.n_classes))
+        else:
+            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes))
+
+    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_model) final hidden states."""
+        segments = segment_ids if self.backbone.cfg.segment_vocab else None
+        return self.backbone(input_ids, segments, attention_mask)
+
+    def features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, F) sequence features from hidden states, padding excluded."""
+        if self.backbone.cfg.causal:  # the last real token has seen the whole sequence
+            token = hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
+        else:
+            token = hidden[:, 0]
+        if self.head_cfg.features == "token":
+            return token
+        mask = attention_mask[..., None]
+        max_pool = hidden.masked_fill(~mask, float("-inf")).amax(1)
+        mean_pool = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return torch.cat([token, max_pool, mean_pool], dim=-1)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
+                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (B, n_classes), hidden (B, T, d_model))."""
+        hidden = self.encode(input_ids, segment_ids, attention_mask)
+        return self.head(self.features(hidden, attention_mask)), hidden
+
+    def layer_groups(self, with_lm_head: bool = False) -> list[list[nn.Parameter]]:
+        """Bottom to top: the backbone's groups, with the head joining the top one (its final norm).
+        The LM head is left out unless an auxiliary LM loss trains it."""
+        groups = self.backbone.layer_groups()
+        lm_head = set() if with_lm_head else {id(p) for p in self.backbone.head.parameters()}
+        groups[-1] = [p for p in groups[-1] if id(p) not in lm_head] + list(self.head.parameters())
+        return groups
+
+
+def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor,
+            attention_mask: torch.Tensor) -> torch.Tensor:
+    """GPT-1's auxiliary loss while finetuning: next-token cross-entropy over the real tokens."""
+    logits = backbone.lm_logits(hidden[:, :-1])
+    targets = input_ids[:, 1:].masked_fill(~attention_mask[:, 1:], -100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> None:
+    """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
+    tokenizer files, written whole or not at all."""
+    with atomic_dir(out_dir) as tmp:
+        save_model(model.backbone, tmp)
+        safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
+        info = {"head": dataclasses.asdict(model.head_cfg), **meta}
+        (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        for path in Path(tokenizer_dir).iterdir():
+            if path.is_file() and path.suffix == ".json" and path.name not in ("config.json", META_FILE):
+                shutil.copy2(path, tmp / path.name)
+
+
+def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tuple[Classifier, dict[str, Any]]:
+    """(classifier in eval mode, the contents of classifier.json) from a folder save_classifier wrote."""
+    model_dir = Path(model_dir)
+    try:
+        info = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
+        head = HeadConfig(**info["head"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
+                        "point at a folder written by the finetune stage") from None
+    model = Classifier(load_model(model_dir), head)
+    try:
+        safetensors.torch.load_model(model.head, str(model_dir / HEAD_FILE), strict=True)
+    except (OSError, RuntimeError) as err:
+        raise UserError(f"{model_dir / HEAD_FILE}: missing or does not match {META_FILE} ({err})") from None
+    return model.to(device).eval(), info

@@ -1,0 +1,272 @@
+"""ULMFiT step 3 and its baselines: train one classifier for one task x variant x seed.
+
+Variants, so that each trick's value shows next to its baseline:
+- `ulmfit`: the adapted model, ULMFiT's concat-pooling classifier block, gradual unfreezing (only the
+  top layer group, which holds the head, trains at first; one more group from the top joins every
+  `unfreeze_every` steps, or every epoch), discriminative LRs (each group's LR = the one above / lr_decay)
+  and the slanted triangular schedule over the whole run.
+- `plain`: the adapted model, a linear head on the [CLS]/last-token state, every layer from the start,
+  one LR with linear warmup and decay: the usual BERT/GPT recipe.
+- `from_scratch`: `plain` on a randomly initialised model of the same shape (its own LR, scratch_lr,
+  since random weights need a larger one): what pretraining is worth.
+- `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
+  pooled features are computed once and the probe trains on them: how much the features alone hold.
+
+Every variant keeps the weights of its best epoch on the dev set (the task's first metric) and stops
+after `patience` epochs without improvement; those weights are scored on the evaluation split.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from lib.classifier import Classifier, HeadConfig, lm_loss
+from lib.config import FinetuneConfig, ImplConfig
+from lib.model import Transformer
+from lib.tasks import Batch, Example, TaskData, batches, compute_metrics
+from lib.trainer import autocast, discriminative_groups, slanted_triangular
+
+
+@dataclass
+class RunResult:
+    task: str
+    variant: str
+    seed: int
+    dev_curve: list[float]  # the selection metric on dev after each epoch
+    best_epoch: int  # 1-based
+    dev: dict[str, float]
+    eval: dict[str, float] | None
+    steps: int
+    seconds: float
+    confusion: list[list[int]] | None = None  # eval split, rows = true class
+    history: list[dict[str, float]] = field(default_factory=list)  # per-epoch train loss, lr, dev metrics
+
+
+@dataclass
+class Setup:
+    """What one variant trains and how."""
+
+    model: Classifier
+    lr: float
+    lr_decay: float
+    schedule: Callable[[int, int], Callable[[int], float]]  # (total steps, steps per epoch) -> LR multiplier
+    unfreeze: bool
+    epochs: int
+
+
+def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], float]]:
+    def schedule(total: int, _: int) -> Callable[[int], float]:
+        warmup = max(1, round(total * warmup_frac))
+        return lambda step: (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
+    return schedule
+
+
+def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfig) -> Setup:
+    """The classifier and recipe of `variant`, around a copy of `adapted` (random weights for from_scratch)."""
+    backbone = copy.deepcopy(adapted)
+    if variant == "from_scratch":
+        backbone = Transformer(adapted.cfg)
+    concat = HeadConfig(n_classes, "concat", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
+    token = HeadConfig(n_classes, "token", block=False, dropout=cfg.head_dropout)
+    plain = warmup_linear(cfg.warmup_frac)
+    if variant == "ulmfit":
+        stlr = lambda total, _: slanted_triangular(total, cfg.cut_frac, cfg.stlr_ratio)  # noqa: E731
+        return Setup(Classifier(backbone, concat), cfg.lr, cfg.lr_decay, stlr, unfreeze=True, epochs=cfg.epochs)
+    if variant == "plain":
+        return Setup(Classifier(backbone, token), cfg.plain_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
+    if variant == "from_scratch":
+        return Setup(Classifier(backbone, token), cfg.scratch_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
+    if variant == "frozen":
+        probe = HeadConfig(n_classes, "concat", block=False, dropout=0.0)
+        return Setup(Classifier(backbone, probe), cfg.probe_lr, 1.0, plain, unfreeze=False, epochs=cfg.probe_epochs)
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig,
+                impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
+                on_epoch: Callable[[dict[str, float]], None] = lambda row: None) -> tuple[RunResult, Classifier]:
+    """Train `variant` on task.train, pick the best epoch on task.dev, score it on task.eval.
+    Returns the result and the classifier with its best weights (on the CPU)."""
+    torch.manual_seed(seed)
+    plan = setup(variant, adapted, len(task.label_names), cfg)
+    model = plan.model.to(device)
+    frozen = variant == "frozen"
+    if frozen:
+        trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id)
+    else:
+        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed)
+    started = time.perf_counter()
+    best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
+    curve, history = [], []
+    for epoch in range(1, plan.epochs + 1):
+        train_loss = trainer.train_epoch(epoch)
+        dev = trainer.score("dev", metrics)
+        row = {"epoch": epoch, "train_loss": train_loss, "lr": trainer.last_lr, **{f"dev_{k}": v for k, v in dev.items()}}
+        history.append(row)
+        on_epoch(row)
+        curve.append(dev[metrics[0]])
+        if dev[metrics[0]] > best_score:
+            best_score, best_epoch, bad_epochs = dev[metrics[0]], epoch, 0
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        else:
+            bad_epochs += 1
+            if bad_epochs >= cfg.patience:
+                break
+    model.load_state_dict(best_state)
+    dev = trainer.score("dev", metrics)
+    evaluated, confusion = None, None
+    if task.eval is not None:
+        evaluated, confusion = trainer.score("eval", metrics, with_confusion=True)
+    result = RunResult(task.name, variant, seed, curve, best_epoch, dev, evaluated, trainer.steps,
+                       round(time.perf_counter() - started, 1), confusion, history)
+    return result, model.to("cpu")
+
+
+class FullTrainer:
+    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids."""
+
+    def __init__(self, model: Classifier, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
+                 device: torch.device, pad_id: int, seed: int):
+        self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
+            model, task, cfg, impl, device, pad_id, seed)
+        self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
+        self.groups = model.layer_groups(with_lm_head=self.aux)
+        self.optimizer = torch.optim.AdamW(
+            discriminative_groups(model, self.groups, plan.lr, plan.lr_decay, cfg.weight_decay),
+            betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+        self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
+        total = self.steps_per_epoch * plan.epochs
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, plan.schedule(total, self.steps_per_epoch))
+        self.unfreeze_every = (cfg.unfreeze_every or self.steps_per_epoch) if plan.unfreeze else 0
+        self.steps = 0
+        self._set_trainable()
+
+    @property
+    def last_lr(self) -> float:
+        return self.scheduler.get_last_lr()[-1]  # the top group's
+
+    def _set_trainable(self) -> None:
+        """Gradual unfreezing: groups from the top, one more every unfreeze_every steps."""
+        n = len(self.groups)
+        thawed = n if not self.unfreeze_every else min(n, 1 + self.steps // self.unfreeze_every)
+        for i, group in enumerate(self.groups):
+            for p in group:
+                p.requires_grad_(i >= n - thawed)
+
+    def train_epoch(self, epoch: int) -> float:
+        self.model.train()
+        total, count = 0.0, 0
+        for batch in batches(self.task.train, self.cfg.batch_size, self.pad_id, seed=self.seed * 1000 + epoch):
+            batch = batch.to(self.device)
+            with autocast(self.device, self.impl):
+                logits, hidden = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+                loss = F.cross_entropy(logits.float(), batch.labels)
+                if self.aux:
+                    loss = loss + self.cfg.aux_lm_weight * lm_loss(self.model.backbone, hidden, batch.input_ids,
+                                                                   batch.attention_mask)
+            loss.backward()
+            if self.cfg.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.steps += 1
+            if self.unfreeze_every:
+                self._set_trainable()
+            total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def predict(self, examples: list[Example]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.model.eval()
+        for batch in batches(examples, self.cfg.batch_size * 2, self.pad_id):
+            batch = batch.to(self.device)
+            with autocast(self.device, self.impl):
+                logits, _ = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+            yield logits.argmax(-1).cpu(), batch.labels.cpu()
+
+    def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
+        """Metrics of the model on task.dev ("dev") or task.eval ("eval")."""
+        examples = self.task.dev if split == "dev" else self.task.eval
+        return scored(self.predict(examples), metrics, len(self.task.label_names), with_confusion)
+
+
+class ProbeTrainer:
+    """The frozen variant: features computed once by the frozen backbone, a linear probe trained on them."""
+
+    def __init__(self, model: Classifier, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
+                 device: torch.device, pad_id: int):
+        self.model, self.task, self.cfg, self.device = model, task, cfg, device
+        for p in model.backbone.parameters():
+            p.requires_grad_(False)
+        model.backbone.eval()
+        self.features = {}
+        for name, examples in (("train", task.train), ("dev", task.dev), ("eval", task.eval or [])):
+            self.features[name] = self._features(examples, impl, pad_id)
+        self.optimizer = torch.optim.AdamW(model.head.parameters(), lr=cfg.probe_lr, weight_decay=cfg.weight_decay)
+        self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
+        total = self.steps_per_epoch * cfg.probe_epochs
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_linear(cfg.warmup_frac)(total, 0))
+        self.steps = 0
+
+    @property
+    def last_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    @torch.no_grad()
+    def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        feats, labels = [], []
+        for batch in batches(examples, self.cfg.batch_size * 2, pad_id):
+            batch = batch.to(self.device)
+            with autocast(self.device, impl):
+                hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
+            feats.append(self.model.features(hidden.float(), batch.attention_mask))
+            labels.append(batch.labels)
+        if not feats:
+            return torch.zeros(0), torch.zeros(0, dtype=torch.long)
+        return torch.cat(feats), torch.cat(labels)
+
+    def train_epoch(self, epoch: int) -> float:
+        self.model.head.train()
+        x, y = self.features["train"]
+        order = torch.randperm(len(y), device=y.device)
+        total = 0.0
+        for start in range(0, len(y), self.cfg.batch_size):
+            index = order[start:start + self.cfg.batch_size]
+            loss = F.cross_entropy(self.model.head(x[index]), y[index])
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.steps += 1
+            total += loss.item() * len(index)
+        return total / max(len(y), 1)
+
+    @torch.no_grad()
+    def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
+        self.model.head.eval()
+        x, y = self.features[split]
+        chunks = ((self.model.head(x[i:i + 1024]).argmax(-1).cpu(), y[i:i + 1024].cpu()) for i in range(0, len(y), 1024))
+        return scored(chunks, metrics, len(self.task.label_names), with_confusion)
+
+
+def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str], n_classes: int,
+           with_confusion: bool) -> Any:
+    """compute_metrics over (predictions, labels) batches; with_confusion also returns the confusion matrix."""
+    predictions, labels = [], []
+    for p, y in pairs:
+        predictions.append(p)
+        labels.append(y)
+    predicted, truth = torch.cat(predictions), torch.cat(labels)
+    values = compute_metrics(metrics, predicted, truth, n_classes)
+    if not with_confusion:
+        return values
+    confusion = torch.zeros(n_classes, n_classes, dtype=torch.long)
+    confusion.index_put_((truth, predicted), torch.ones_like(truth), accumulate=True)
+    return values, confusion.tolist()

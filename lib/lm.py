@@ -1,0 +1,116 @@
+"""Language-model training as the `pretrain` and `adapt` stages run it: one objective, packed tokens,
+the trainer, and the stage's outputs (model folder with tokenizer, metrics JSON, curve CSVs, MLflow).
+
+`pretrain` starts from random weights on the general corpus; `adapt` (ULMFiT step 2) starts from the
+pretrained model on the target domain's text, with discriminative LRs and the slanted triangular
+schedule, and also reports the domain validation loss before it trains.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.checkpoint import fingerprint
+from lib.config import Params, TrainConfig
+from lib.data import WindowBatches, fixed_windows
+from lib.io import atomic_dir, write_csv, write_json
+from lib.model import Transformer
+from lib.objectives import Objective, save_objective
+from lib.packed import PackedTokens
+from lib.trainer import Trainer, resolve_device
+
+# curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
+CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val": ["step", "tokens", "val_loss"]}
+
+
+@dataclass
+class LMPaths:
+    tokenizer: Path  # the folder whose tokenizer files go into the model folder
+    tokens: Path  # packed tokens: <tokens>/train and <tokens>/valid
+    out: Path
+    metrics: Path
+    plots: Path
+    checkpoints: Path
+
+
+def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective: Objective, paths: LMPaths,
+                         run: Any, stage_params: dict, layer_groups: list | None = None,
+                         measure_before: bool = False) -> dict[str, Any]:
+    """Train `objective` to cfg's budget and write the stage's outputs; returns the metrics written.
+    `run` is the stage's tracking.StageRun. With measure_before, the validation metrics of the
+    weights as loaded are reported too, as `before_val_*`."""
+    device = resolve_device(params.device)
+    train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
+    window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
+    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"))
+    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches)
+    transformers = [m for m in objective.modules() if isinstance(m, Transformer)]
+    flops_per_token = sum(m.flops_per_token(cfg.seq_len) for m in transformers)
+    tokenizer = hashlib.sha256((paths.tokenizer / "tokenizer.json").read_bytes()).hexdigest()
+    run_id = fingerprint(stage_params, tokenizer=tokenizer,
+                         data=[[s.n_tokens, s.n_docs] for s in (train_tokens, valid_tokens)])
+    trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
+                      params.seed, flops_per_token, callbacks=(run, ConsoleLog()), layer_groups=layer_groups)
+    before = {}
+    if measure_before:
+        before = {f"before_val_{k}": v for k, v in trainer.evaluate().items()}
+        print(f"before {stage}: " + "  ".join(f"{k[11:]} {v:.4f}" for k, v in before.items()), flush=True)
+    state = trainer.fit()
+    save_model_folder(objective, paths.tokenizer, paths.out)
+    final = next(row for row in reversed(state.history) if "val_loss" in row)
+    metrics = {**before, **{k: v for k, v in final.items() if k.startswith("val_")},
+               "unigram_loss": unigram_loss(train_tokens), "objective": objective.name,
+               "tokens_seen": state.tokens, "steps": state.step, "train_seconds": round(state.seconds, 1),
+               "tokens_per_s": round(state.tokens / max(state.seconds, 1e-9), 1),
+               "params": objective.backbone().num_params(), "device": device.type}
+    if objective.causal:
+        metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 50.0))
+        if before:
+            metrics["before_val_perplexity"] = math.exp(min(before["before_val_loss"], 50.0))
+    write_outputs(metrics, state.history, paths, run)
+    shutil.rmtree(paths.checkpoints, ignore_errors=True)  # the model is out: nothing left to resume
+    return metrics
+
+
+def save_model_folder(objective: Objective, tokenizer_dir: Path, out: Path) -> None:
+    """out/: the backbone (+ the objective's extras) and the tokenizer files, written whole or not at all."""
+    with atomic_dir(out) as tmp:
+        save_objective(objective, tmp)
+        for path in tokenizer_dir.iterdir():
+            if path.is_file() and path.suffix == ".json" and path.name != "config.json":
+                shutil.copy2(path, tmp / path.name)
+
+
+def write_outputs(metrics: dict[str, Any], history: list[dict], paths: LMPaths, run: Any) -> None:
+    write_json(paths.metrics, metrics)
+    for name, columns in CURVES.items():
+        write_csv(paths.plots / f"{name}.csv", columns,
+                  [[row.get(c, "") for c in columns] for row in history if f"{name}_loss" in row])
+    run.log_metrics(metrics)
+    for path in (paths.metrics, paths.plots):
+        run.log_artifact(path)
+
+
+def unigram_loss(packed: PackedTokens) -> float:
+    """Cross-entropy of predicting every token by its training frequency: the loss to beat."""
+    counts = np.bincount(packed.tokens, minlength=packed.vocab_size).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+class ConsoleLog:
+    """Progress lines on stdout (DVC shows them as the stage runs)."""
+
+    def on_log(self, step: int, row: dict) -> None:
+        print(f"step {step:6d}  tokens {row['tokens']:>11,}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
+              f"{row['tokens_per_s']:,.0f} tok/s" + (f"  mfu {row['mfu']:.1%}" if "mfu" in row else ""), flush=True)
+
+    def on_eval(self, step: int, row: dict) -> None:
+        print(f"step {step:6d}  validation  " + "  ".join(f"{k[4:]} {v:.4f}" for k, v in row.items()
+                                                           if k.startswith("val_")), flush=True)

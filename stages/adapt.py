@@ -1,0 +1,61 @@
+"""Stage `adapt` (ULMFiT step 2): continue the pretraining objective on the target domain's text.
+
+Loads the pretrained model (--model) and trains it further with the same objective on the domain's
+packed tokens (default: IMDb train + unsup, never IMDb test), with discriminative LRs (each layer
+group's LR is the one above it / adapt.lr_decay) and the slanted triangular schedule. Reports the
+domain validation metrics before and after. With `adapt.enabled: false` the pretrained model goes to
+--out unchanged and the metrics say so, so that the value of adapting can be measured.
+"""
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+
+from lib import tracking
+from lib.config import load_params
+from lib.errors import run_main
+from lib.io import atomic_dir, write_csv, write_json
+from lib.lm import CURVES, LMPaths, train_language_model
+from lib.objectives import build_objective, load_objective
+from lib.tokenizer import load_tokenizer, special_ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--model", type=Path, default=Path("models/pretrain"))
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/domain"))
+    parser.add_argument("--out", type=Path, default=Path("models/adapt"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics/adapt.json"))
+    parser.add_argument("--plots", type=Path, default=Path("plots/adapt"))
+    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/adapt"))
+    args = parser.parse_args()
+    params = load_params(args.params)
+    stage_params = {"seed": params.seed, "device": params.device, "objective": params.objective,
+                    "model": params.model, "mlm": params.mlm, "electra": params.electra, "adapt": params.adapt,
+                    "impl": params.impl}
+
+    with tracking.stage_run("adapt", params.tracking, params, stage_params) as run:
+        if not params.adapt.enabled:
+            with atomic_dir(args.out) as tmp:
+                shutil.copytree(args.model, tmp, dirs_exist_ok=True)
+            for name, columns in CURVES.items():  # DVC expects the declared plots: empty curves
+                write_csv(args.plots / f"{name}.csv", columns, [])
+            write_json(args.metrics, {"enabled": False, "objective": params.objective})
+            print("adapt.enabled is false: the pretrained model goes on unchanged", flush=True)
+            return
+        torch.manual_seed(params.seed)
+        tokenizer = load_tokenizer(args.model)
+        objective = build_objective(params.objective, params, tokenizer.get_vocab_size(),
+                                    special_ids(tokenizer, params.tokenizer.special_tokens))
+        if not load_objective(objective, args.model) and params.objective == "electra":
+            print(f"warning: {args.model} has no ELECTRA generator; adapting with a fresh one", flush=True)
+        paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
+        metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage_params,
+                                       layer_groups=objective.backbone().layer_groups(), measure_before=True)
+        print(f"domain validation loss {metrics['before_val_loss']:.4f} -> {metrics['val_loss']:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,163 @@
+"""Stage `finetune` (ULMFiT step 3): classifiers for each task x variant x seed, from the adapted model.
+
+For every task in finetune.tasks it loads the labeled data (lib/tasks.py), trains each variant
+(ulmfit, plain, from_scratch, frozen; lib/finetune.py) once per seed, and writes:
+- --out/<task>/: the classifier with the best dev score of all its runs (lib/classifier.py format,
+  with label names and the tokenizer), for `distill` and `evaluate`;
+- the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
+- --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
+- an MLflow child run per task x variant x seed under this stage's run.
+A finished run is kept in --checkpoints, so a killed stage started again skips what it had done.
+"""
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+from lib import tracking
+from lib.classifier import load_classifier, save_classifier
+from lib.checkpoint import fingerprint
+from lib.config import load_params
+from lib.errors import run_main
+from lib.finetune import RunResult, run_variant
+from lib.io import atomic_dir, write_csv, write_json
+from lib.model import MODEL_FILE, load_model
+from lib.tasks import load_task
+from lib.tokenizer import load_tokenizer, special_ids
+from lib.trainer import resolve_device
+
+BEST = "best"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--model", type=Path, default=Path("models/adapt"))
+    parser.add_argument("--out", type=Path, default=Path("models/finetune"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics/finetune.json"))
+    parser.add_argument("--plots", type=Path, default=Path("plots/finetune"))
+    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
+    args = parser.parse_args()
+    params = load_params(args.params)
+    cfg = params.finetune
+    tasks = {name: params.tasks[name] for name in cfg.tasks}
+    stage_params = {"seed": params.seed, "device": params.device, "finetune": cfg, "tasks": tasks, "impl": params.impl}
+
+    device = resolve_device(params.device)
+    tokenizer = load_tokenizer(args.model)
+    special = special_ids(tokenizer, params.tokenizer.special_tokens)
+    adapted = load_model(args.model)
+    # a kept run is reused only by a stage with the same params, starting model and device
+    run_id = fingerprint(stage_params, device=device.type,
+                         model=hashlib.sha256((args.model / MODEL_FILE).read_bytes()).hexdigest())
+    metrics, curves = {}, {}
+    with tracking.stage_run("finetune", params.tracking, params, stage_params) as run:
+        for name, task_cfg in tasks.items():
+            task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
+                             max_train=cfg.max_train_examples, max_eval=cfg.max_eval_examples)
+            print(f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
+                  f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
+                  f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}", flush=True)
+            results = []
+            for variant in cfg.variants:
+                for seed in range(params.seed, params.seed + cfg.seeds):
+                    results.append(finetune_once(name, variant, seed, task, task_cfg.metrics, adapted, params, device,
+                                                 special["pad"], args, run_id, run))
+            metrics[name] = summarise(task, task_cfg.metrics, results)
+            curves[name] = results
+        write_outputs(metrics, curves, cfg.variants, args, run)
+    shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
+
+
+def finetune_once(name, variant, seed, task, metric_names, adapted, params, device, pad_id, args, run_id,
+                  run) -> RunResult:
+    """One task x variant x seed: the result kept in --checkpoints if this configuration has it,
+    else trained now. The task's best classifier so far (by dev score) is kept there too."""
+    task_dir = args.checkpoints / name
+    saved = task_dir / f"{variant}-seed{seed}.json"
+    if saved.is_file():
+        record = json.loads(saved.read_text(encoding="utf-8"))
+        if record["fingerprint"] == run_id:
+            print(f"{name} {variant} seed {seed}: done in an earlier run, kept", flush=True)
+            return RunResult(**record["result"])
+    child = run.child(f"{name}/{variant}/seed{seed}", {"task": name, "variant": variant, "seed": seed},
+                      {"pipeline.role": "finetune-run"})
+
+    def on_epoch(row: dict) -> None:
+        print(f"{name} {variant} seed {seed} epoch {row['epoch']}: train loss {row['train_loss']:.4f}  "
+              + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")), flush=True)
+        child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    try:
+        result, model = run_variant(variant, task, metric_names, adapted, params.finetune, params.impl, device, seed,
+                                    pad_id, on_epoch)
+    except BaseException:
+        child.finish("FAILED")
+        raise
+    child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
+                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()},
+                       "best_epoch": result.best_epoch, "seconds": result.seconds})
+    child.finish("FINISHED")
+    print(f"{name} {variant} seed {seed}: best epoch {result.best_epoch}, dev {result.dev}, "
+          f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)", flush=True)
+    best_record = task_dir / f"{BEST}.json"
+    best = json.loads(best_record.read_text(encoding="utf-8")) if best_record.is_file() else None
+    score = result.dev[metric_names[0]]
+    if best is None or best["fingerprint"] != run_id or score > best["dev_score"]:
+        meta = {"task": name, "label_names": task.label_names, "variant": variant, "seed": seed,
+                "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
+                "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
+                                                                           "text_pair_field")}}
+        save_classifier(model, task_dir / BEST, args.model, meta)
+        write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
+    write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
+    return result
+
+
+def summarise(task, metric_names: list[str], results: list[RunResult]) -> dict:
+    """Per variant: the evaluation split's metrics (and dev's) as mean, std (over seeds) and per seed."""
+    def stats(values: list[float]) -> dict:
+        return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "seeds": values}
+
+    variants = {}
+    for variant in dict.fromkeys(r.variant for r in results):
+        runs = [r for r in results if r.variant == variant]
+        summary = {"dev": {m: stats([r.dev[m] for r in runs]) for m in metric_names},
+                   "best_epoch": [r.best_epoch for r in runs], "seconds": sum(r.seconds for r in runs)}
+        if task.eval is not None:
+            summary["eval"] = {m: stats([r.eval[m] for r in runs]) for m in metric_names}
+        variants[variant] = summary
+    return {"metric": metric_names[0], "eval_split": task.eval_split if task.eval is not None else None,
+            "train_examples": len(task.train), "dev_examples": len(task.dev),
+            "eval_examples": len(task.eval) if task.eval is not None else 0,
+            "skipped": task.skipped, "truncated": task.truncated, "variants": variants}
+
+
+def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: list[str], args, run) -> None:
+    with atomic_dir(args.out) as tmp:
+        for name in metrics:
+            shutil.copytree(args.checkpoints / name / BEST, tmp / name)
+            load_classifier(tmp / name)  # what later stages load must load
+    write_json(args.metrics, metrics)
+    for name, results in curves.items():
+        epochs = max(len(r.dev_curve) for r in results)
+        rows = []
+        for epoch in range(epochs):
+            row = [epoch + 1]
+            for variant in variants:
+                values = [r.dev_curve[epoch] for r in results if r.variant == variant and len(r.dev_curve) > epoch]
+                row.append(statistics.fmean(values) if values else "")
+            rows.append(row)
+        write_csv(args.plots / f"{name}.csv", ["epoch", *variants], rows)
+    run.log_metrics({f"{task}.{variant}.{split}_{metric}": stats["mean"]
+                     for task, m in metrics.items() for variant, v in m["variants"].items()
+                     for split in ("dev", "eval") if split in v for metric, stats in v[split].items()})
+    for path in (args.metrics, args.plots):
+        run.log_artifact(path)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,139 @@
+"""Classifier features and heads, ULMFiT's optimisation (groups, LRs, unfreezing), the variants on a
+tiny learnable task, and the saved classifier."""
+import dataclasses
+
+import pytest
+import torch
+
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.config import FinetuneConfig, ImplConfig
+from lib.finetune import FullTrainer, run_variant, setup
+from lib.model import Transformer, TransformerConfig
+from lib.tasks import Example, TaskData, collate
+
+VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
+CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, lr=3e-3, plain_lr=1e-3, scratch_lr=3e-3,
+                     probe_lr=3e-2, probe_epochs=20, head_hidden=16, head_dropout=0.0, patience=4)
+IMPL = ImplConfig(precision="fp32", compile="off")
+
+
+def backbone(causal: bool = False, **overrides) -> Transformer:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=32,
+               causal=causal)
+    return Transformer(TransformerConfig(**{**cfg, **overrides}))
+
+
+def example(tokens: list[int], label: int) -> Example:
+    ids = [BOS, *tokens, EOS]
+    return Example(ids, [0] * len(ids), label)
+
+
+def toy_task(n: int = 240, seed: int = 0) -> TaskData:
+    """Label 1 when token 7 occurs in the sequence: learnable by any of the variants."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for i in range(n):
+        tokens = torch.randint(8, VOCAB, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+        label = i % 2
+        if label:
+            tokens[int(torch.randint(0, len(tokens), (1,), generator=g))] = 7
+        examples.append(example(tokens, label))
+    return TaskData("toy", ["no", "yes"], examples[:160], examples[160:200], examples[200:], "test", {}, {})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_concat_pooling_ignores_padding(causal):
+    model = Classifier(backbone(causal), HeadConfig(2, "concat")).eval()
+    short, long = example([9, 10, 11], 0), example([12, 13, 14, 15, 16, 17, 18], 1)
+    alone = collate([short], PAD)
+    padded = collate([short, long], PAD)
+    with torch.no_grad():
+        hidden = model.encode(alone.input_ids, alone.segment_ids, alone.attention_mask)
+        features = model.features(hidden, alone.attention_mask)
+        hidden_padded = model.encode(padded.input_ids, padded.segment_ids, padded.attention_mask)
+        features_padded = model.features(hidden_padded, padded.attention_mask)
+    assert padded.input_ids.shape[1] > alone.input_ids.shape[1]
+    torch.testing.assert_close(features_padded[0], features[0], atol=1e-5, rtol=1e-5)
+    token = hidden[0, -1] if causal else hidden[0, 0]  # the [eos] (last real) token for causal models, else [CLS]
+    torch.testing.assert_close(features[0, :32], token)
+
+
+def test_layer_groups_put_the_head_on_top_and_leave_the_lm_head_out():
+    model = Classifier(backbone(), HeadConfig(2, "concat"))
+    groups = model.layer_groups()
+    assert len(groups) == 2 + 2  # embeddings, 2 blocks, final norm + classifier head
+    ids = [{id(p) for p in g} for g in groups]
+    assert {id(p) for p in model.head.parameters()} <= ids[-1]
+    assert not {id(p) for p in model.backbone.head.dense.parameters()} & set().union(*ids)
+    with_lm = model.layer_groups(with_lm_head=True)
+    assert {id(p) for p in model.backbone.head.dense.parameters()} <= {id(p) for p in with_lm[-1]}
+
+
+def test_ulmfit_lrs_and_gradual_unfreezing():
+    task = toy_task()
+    cfg = dataclasses.replace(CFG, unfreeze_every=2, lr_decay=2.6)
+    plan = setup("ulmfit", backbone(), 2, cfg)
+    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    group_lr = {}
+    for group in trainer.optimizer.param_groups:
+        group_lr[group["layer"]] = group["initial_lr"]
+    assert [group_lr[i] for i in range(4)] == pytest.approx([cfg.lr / 2.6 ** 3, cfg.lr / 2.6 ** 2, cfg.lr / 2.6, cfg.lr])
+
+    def trainable() -> list[bool]:
+        return [all(p.requires_grad for p in g) for g in trainer.groups]
+
+    assert trainable() == [False, False, False, True]  # the head's group first
+    before = [p.detach().clone() for p in trainer.groups[0]]
+    batches_seen = []
+    for expected in ([False, False, False, True], [False, False, True, True], [False, True, True, True],
+                     [True, True, True, True]):
+        assert trainable() == expected
+        batches_seen.append(trainer.steps)
+        for _ in range(2):  # unfreeze_every steps
+            trainer.steps += 1
+            trainer._set_trainable()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.groups[0]))  # nothing trained yet here
+
+
+@pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen"])
+def test_every_variant_learns_the_toy_task(variant):
+    result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), CFG, IMPL,
+                                torch.device("cpu"), seed=1, pad_id=PAD)
+    assert result.variant == variant and len(result.dev_curve) >= 1 and 1 <= result.best_epoch <= len(result.dev_curve)
+    assert result.eval["accuracy"] > 0.7, result
+    assert sum(map(sum, result.confusion)) == 40
+    assert result.dev_curve[result.best_epoch - 1] == max(result.dev_curve)
+
+
+def test_frozen_variant_leaves_the_backbone_untouched():
+    adapted = backbone()
+    _, model = run_variant("frozen", toy_task(), ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD)
+    for (name, p), q in zip(model.backbone.state_dict().items(), adapted.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_aux_lm_loss_trains_the_lm_head_of_causal_models():
+    cfg = dataclasses.replace(CFG, aux_lm_weight=0.5, epochs=1)
+    plan = setup("plain", backbone(causal=True), 2, cfg)
+    trainer = FullTrainer(plan.model, plan, toy_task(), cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    dense = plan.model.backbone.head.dense.weight.detach().clone()
+    trainer.train_epoch(1)
+    assert not torch.equal(dense, plan.model.backbone.head.dense.weight)
+
+
+def test_saved_classifier_loads_and_predicts_the_same(tmp_path):
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    _, model = run_variant("ulmfit", toy_task(), ["accuracy"], backbone(), dataclasses.replace(CFG, epochs=1), IMPL,
+                           torch.device("cpu"), 1, PAD)
+    save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
+    loaded, info = load_classifier(tmp_path / "clf")
+    assert info["label_names"] == ["no", "yes"] and info["head"]["features"] == "concat"
+    assert (tmp_path / "clf" / "tokenizer.json").is_file()
+    batch = collate(toy_task().eval, PAD)
+    model.eval()
+    with torch.no_grad():
+        expected, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+        got, _ = loaded(batch.input_ids, batch.segment_ids, batch.attention_mask)
+    torch.testing.assert_close(got, expected)
