@@ -327,12 +327,12 @@ class FinetuneConfig:
     max_eval_examples: int | None = None  # per task, a fixed subset of the reported split; null = all
     dev_fraction: float = 0.1  # of train, hashed out as the dev set that picks the best epoch
     dev_max: int = 2000
-    lr: float = 2e-3  # ulmfit: the head's LR; lower groups / lr_decay each
+    lr: float = 5e-3  # ulmfit: the head's LR; lower groups / lr_decay each
     lr_decay: float = 2.6
     cut_frac: float = 0.1
     stlr_ratio: float = 32.0
     unfreeze_every: int = 0  # ulmfit: steps between unfreezing the next group from the top; 0 = every epoch
-    plain_lr: float = 1e-4  # plain
+    plain_lr: float = 1e-3  # plain
     scratch_lr: float = 1e-3  # from_scratch: random weights need a larger LR than pretrained ones
     warmup_frac: float = 0.1  # plain, from_scratch, frozen: linear warmup, then linear decay to 0
     probe_lr: float = 1e-2  # frozen

@@ -96,12 +96,11 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     torch.manual_seed(seed)
     plan = setup(variant, adapted, len(task.label_names), cfg)
     model = plan.model.to(device)
-    frozen = variant == "frozen"
-    if frozen:
+    started = time.perf_counter()  # the probe's feature extraction counts too
+    if variant == "frozen":
         trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id)
     else:
         trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed)
-    started = time.perf_counter()
     best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
     curve, history = [], []
     for epoch in range(1, plan.epochs + 1):
@@ -125,6 +124,8 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
         evaluated, confusion = trainer.score("eval", metrics, with_confusion=True)
     result = RunResult(task.name, variant, seed, curve, best_epoch, dev, evaluated, trainer.steps,
                        round(time.perf_counter() - started, 1), confusion, history)
+    if isinstance(trainer, ProbeTrainer):
+        trainer.fold_standardisation()
     return result, model.to("cpu")
 
 
@@ -198,7 +199,10 @@ class FullTrainer:
 
 
 class ProbeTrainer:
-    """The frozen variant: features computed once by the frozen backbone, a linear probe trained on them."""
+    """The frozen variant: features computed once by the frozen backbone, a linear probe trained on them.
+    The features are standardised with the train split's mean and std (max-pooled states are far
+    larger than mean-pooled ones; unscaled, one LR does not fit them all), and the standardisation
+    is folded into the linear layer at the end, so the saved head reads raw features."""
 
     def __init__(self, model: Classifier, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
                  device: torch.device, pad_id: int):
@@ -206,9 +210,11 @@ class ProbeTrainer:
         for p in model.backbone.parameters():
             p.requires_grad_(False)
         model.backbone.eval()
-        self.features = {}
-        for name, examples in (("train", task.train), ("dev", task.dev), ("eval", task.eval or [])):
-            self.features[name] = self._features(examples, impl, pad_id)
+        splits = {"train": task.train, "dev": task.dev, **({"eval": task.eval} if task.eval is not None else {})}
+        raw = {name: self._features(examples, impl, pad_id) for name, examples in splits.items()}
+        train_x = raw["train"][0]
+        self.mean, self.std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
+        self.features = {name: ((x - self.mean) / self.std, y) for name, (x, y) in raw.items()}
         self.optimizer = torch.optim.AdamW(model.head.parameters(), lr=cfg.probe_lr, weight_decay=cfg.weight_decay)
         self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
         total = self.steps_per_epoch * cfg.probe_epochs
@@ -228,8 +234,6 @@ class ProbeTrainer:
                 hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
             feats.append(self.model.features(hidden.float(), batch.attention_mask))
             labels.append(batch.labels)
-        if not feats:
-            return torch.zeros(0), torch.zeros(0, dtype=torch.long)
         return torch.cat(feats), torch.cat(labels)
 
     def train_epoch(self, epoch: int) -> float:
@@ -247,6 +251,13 @@ class ProbeTrainer:
             self.steps += 1
             total += loss.item() * len(index)
         return total / max(len(y), 1)
+
+    @torch.no_grad()
+    def fold_standardisation(self) -> None:
+        """linear((x - mean) / std) == linear'(x) with W' = W / std and b' = b - W' mean."""
+        linear = self.model.head[-1]
+        linear.weight.div_(self.std)
+        linear.bias.sub_(linear.weight @ self.mean)
 
     @torch.no_grad()
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:

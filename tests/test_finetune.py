@@ -106,11 +106,16 @@ def test_every_variant_learns_the_toy_task(variant):
     assert result.dev_curve[result.best_epoch - 1] == max(result.dev_curve)
 
 
-def test_frozen_variant_leaves_the_backbone_untouched():
-    adapted = backbone()
-    _, model = run_variant("frozen", toy_task(), ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD)
+def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_probe():
+    adapted, task = backbone(), toy_task()
+    result, model = run_variant("frozen", task, ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD)
     for (name, p), q in zip(model.backbone.state_dict().items(), adapted.state_dict().values()):
         assert torch.equal(p, q), name
+    batch = collate(task.eval, PAD)  # the returned model reads raw features: the standardisation is folded in
+    with torch.no_grad():
+        logits, _ = model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)
+    accuracy = (logits.argmax(-1) == batch.labels).float().mean().item()
+    assert accuracy == pytest.approx(result.eval["accuracy"]) and result.eval["accuracy"] > 0.7
 
 
 def test_aux_lm_loss_trains_the_lm_head_of_causal_models():
