@@ -6,6 +6,7 @@ object per line, which later stages stream through `lib.sources` like any other 
 from __future__ import annotations
 
 import gzip
+import io
 import hashlib
 import json
 import time
@@ -41,7 +42,11 @@ class JsonlWriter:
 
     def __init__(self, path: Path):
         self.path, self.docs, self.chars = path, 0, 0
-        self._file = gzip.open(path, "wt", encoding="utf-8", compresslevel=1)
+        # No name and a zero mtime in the gzip header: the same documents give the same bytes, so a
+        # rerun of `clean` does not make DVC rerun the stages after it.
+        self._raw = open(path, "wb")
+        self._file = io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=self._raw,
+                                                    mtime=0), encoding="utf-8")
 
     def write(self, text: str) -> None:
         self._file.write(json.dumps({"text": text}, ensure_ascii=False))
@@ -51,6 +56,7 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._file.close()
+        self._raw.close()
 
 
 def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path) -> dict:
