@@ -53,17 +53,22 @@ class Classifier(nn.Module):
         else:
             self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes))
 
-    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, T, d_model) final hidden states."""
+    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
+               output_hidden_states: bool = False):
+        """(B, T, d_model) final hidden states; with output_hidden_states also every layer's (see Transformer)."""
         segments = segment_ids if self.backbone.cfg.segment_vocab else None
-        return self.backbone(input_ids, segments, attention_mask)
+        return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states)
+
+    def token_state(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, d) the state that sums up a sequence: [CLS]'s, or for a causal model the last real token's,
+        the only one that has seen the whole sequence."""
+        if self.backbone.cfg.causal:
+            return hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
+        return hidden[:, 0]
 
     def features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, F) sequence features from hidden states, padding excluded."""
-        if self.backbone.cfg.causal:  # the last real token has seen the whole sequence
-            token = hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
-        else:
-            token = hidden[:, 0]
+        token = self.token_state(hidden, attention_mask)
         if self.head_cfg.features == "token":
             return token
         mask = attention_mask[..., None]

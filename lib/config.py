@@ -49,8 +49,7 @@ class CorpusConfig:
         if self.valid_split in self.splits:
             raise ParamsError(f"{key}.valid_split: '{self.valid_split}' is also in {key}.splits; "
                               "validation text must not be training text")
-        if self.max_docs is not None and self.max_docs < 1:
-            raise ParamsError(f"{key}.max_docs: {self.max_docs} must be >= 1 (or null for all)")
+        at_least_one_or_null(self, key, "max_docs")
 
 
 @dataclass
@@ -182,8 +181,7 @@ class TokenizerConfig:
         if self.vocab_size > 2**32 - 1:
             raise ParamsError(f"{key}.vocab_size: {self.vocab_size} must fit in 32 bits")
         at_least_one(self, key, "min_frequency", "batch_docs")
-        if self.train_chars is not None and self.train_chars < 1:
-            raise ParamsError(f"{key}.train_chars: {self.train_chars} must be >= 1 (or null for all)")
+        at_least_one_or_null(self, key, "train_chars")
 
 
 @dataclass
@@ -323,7 +321,9 @@ class FinetuneConfig:
     seeds: int = 2  # runs per task x variant, seeds seed, seed+1, ...
     epochs: int = 3
     batch_size: int = 32
-    max_train_examples: int | None = None  # per task, a fixed subset of train (quick runs); null = all
+    # per task, a fixed subset of train (quick runs): one number for every task, or {task: number}
+    # (a task left out uses all); null = all
+    max_train_examples: int | dict[str, int] | None = None
     max_eval_examples: int | None = None  # per task, a fixed subset of the reported split; null = all
     dev_fraction: float = 0.1  # of train, hashed out as the dev set that picks the best epoch
     dev_max: int = 2000
@@ -352,14 +352,101 @@ class FinetuneConfig:
                 raise ParamsError(f"{key}.{name}: {values} must be a non-empty list without repeats")
         if not 0.0 < self.dev_fraction < 1.0:
             raise ParamsError(f"{key}.dev_fraction: {self.dev_fraction} must be in (0, 1)")
-        for name in ("max_train_examples", "max_eval_examples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be >= 1 (or null for all)")
+        at_least_one_or_null(self, key, "max_eval_examples")
+        limits = self.max_train_examples if isinstance(self.max_train_examples, dict) else {"": self.max_train_examples}
+        for task, limit in limits.items():
+            if limit is not None and limit < 1:
+                raise ParamsError(f"{key}.max_train_examples{'.' + task if task else ''}: {limit} must be >= 1 "
+                                  "(or null for all)")
         if min(self.lr, self.plain_lr, self.scratch_lr, self.probe_lr) <= 0 or not 0 <= self.warmup_frac < 1:
             raise ParamsError(f"{key}: lr, plain_lr, scratch_lr and probe_lr must be > 0 and warmup_frac in [0, 1)")
         if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0 or self.weight_decay < 0:
             raise ParamsError(f"{key}: need 0 <= head_dropout < 1, aux_lm_weight >= 0, weight_decay >= 0")
         check_ulmfit_lr(self, key)
+
+    def train_limit(self, task: str) -> int | None:
+        """How many train examples of `task` finetuning (and what compares with it) uses; None = all."""
+        if isinstance(self.max_train_examples, dict):
+            return self.max_train_examples.get(task)
+        return self.max_train_examples
+
+
+@dataclass
+class DistillConfig:
+    """A smaller student per task, trained on the finetuned teacher's outputs (DistilBERT, Patient-KD)."""
+
+    tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # each must be in finetune.tasks
+    layers: int = 2  # student depth
+    width: float = 1.0  # student d_model as a share of the teacher's; < 1 starts from random weights
+    init: Literal["every_other", "bottom", "random"] = "every_other"  # which teacher blocks the student copies
+    layer_map: list[int] | None = None  # teacher layer (1..n) each student layer imitates; null = its init's
+    temperature: float = 2.0
+    soft_weight: float = 1.0  # KL of the temperature-scaled distributions, times T^2
+    hard_weight: float = 0.5  # cross-entropy with the gold label (labeled examples only)
+    hidden_weight: float = 1.0  # hidden-state loss at the mapped layers, over the real tokens
+    hidden_loss: Literal["cosine", "mse"] = "cosine"
+    hidden_layers: Literal["last", "all"] = "last"  # DistilBERT matches the last layer only
+    pkd_weight: float = 0.0  # Patient-KD: normalised pooled states of the intermediate mapped layers
+    unlabeled: dict[str, str] = field(default_factory=dict)  # task -> split of its source labeled by the teacher
+    max_unlabeled: int | None = 3000  # per task, fixed by text hash; null = all
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 5e-4
+    warmup_frac: float = 0.1
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    patience: int = 2
+
+    def validate(self, key: str) -> None:
+        at_least_one(self, key, "layers", "epochs", "batch_size", "patience")
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise ParamsError(f"{key}.tasks: {self.tasks} must be a non-empty list without repeats")
+        if not 0.0 < self.width <= 1.0:
+            raise ParamsError(f"{key}.width: {self.width} must be in (0, 1]")
+        if self.width < 1.0 and self.init != "random":
+            raise ParamsError(f"{key}.init: a narrower student (width {self.width}) cannot copy teacher blocks; "
+                              "set init: random or width: 1.0")
+        if self.layer_map is not None and len(self.layer_map) != self.layers:
+            raise ParamsError(f"{key}.layer_map: {len(self.layer_map)} entries for {self.layers} student layers")
+        if self.temperature <= 0 or self.lr <= 0 or not 0 <= self.warmup_frac < 1:
+            raise ParamsError(f"{key}: need temperature > 0, lr > 0 and warmup_frac in [0, 1)")
+        weights = {n: getattr(self, n) for n in ("soft_weight", "hard_weight", "hidden_weight", "pkd_weight")}
+        if min(weights.values()) < 0 or not sum(weights.values()) > 0:
+            raise ParamsError(f"{key}: the loss weights {weights} must be >= 0 and not all 0")
+        if self.pkd_weight > 0 and self.layers < 2:
+            raise ParamsError(f"{key}.pkd_weight: Patient-KD matches intermediate layers; a {self.layers}-layer "
+                              "student has none (use layers >= 2 or pkd_weight: 0)")
+        at_least_one_or_null(self, key, "max_unlabeled")
+
+
+@dataclass
+class ZeroShotConfig:
+    """GPT-2-style zero-shot: which label word the LM finds likelier after a prompt."""
+
+    template: str  # "{text}" (and "{text_pair}") filled in, e.g. "{text} It was"
+    label_words: list[str]  # one per label index, e.g. [" terrible", " great"]
+
+    def validate(self, key: str) -> None:
+        if "{text}" not in self.template:
+            raise ParamsError(f"{key}.template: '{self.template}' has no {{text}} placeholder")
+        if len(self.label_words) < 2 or not all(w.strip() for w in self.label_words):
+            raise ParamsError(f"{key}.label_words: need a non-blank word per label, got {self.label_words}")
+
+
+@dataclass
+class EvaluateConfig:
+    """The final report: every model and baseline on each task's evaluation split, size and speed."""
+
+    tfidf_c: list[float] = field(default_factory=lambda: [0.25, 1.0, 4.0, 16.0])  # picked on dev
+    zero_shot: dict[str, ZeroShotConfig] = field(default_factory=dict)  # task -> prompt (causal LMs only)
+    latency_seq_len: int = 128  # tokens per sequence when timing
+    latency_repeats: int = 50
+    throughput_batch: int = 32
+
+    def validate(self, key: str) -> None:
+        at_least_one(self, key, "latency_seq_len", "latency_repeats", "throughput_batch")
+        if not self.tfidf_c or min(self.tfidf_c) <= 0:
+            raise ParamsError(f"{key}.tfidf_c: {self.tfidf_c} must be a non-empty list of positive numbers")
 
 
 @dataclass
@@ -392,6 +479,8 @@ class Params:
     pretrain: TrainConfig = field(default_factory=TrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     def validate(self, key: str) -> None:
@@ -400,6 +489,10 @@ class Params:
             if seq_len > self.model.max_positions:
                 raise ParamsError(f"{name}.seq_len: {seq_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it or raise model.max_positions")
+        if isinstance(self.finetune.max_train_examples, dict):
+            for task in self.finetune.max_train_examples:
+                if task not in self.finetune.tasks:
+                    raise ParamsError(f"finetune.max_train_examples.{task}: '{task}' is not in finetune.tasks")
         for i, task in enumerate(self.finetune.tasks):
             if task not in self.tasks:
                 close = difflib.get_close_matches(task, self.tasks, n=1)
@@ -408,6 +501,20 @@ class Params:
             if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
+        for i, task in enumerate(self.distill.tasks):
+            if task not in self.finetune.tasks:
+                raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "
+                                  "a student needs its task's finetuned teacher")
+        for task in self.distill.unlabeled:
+            if task not in self.distill.tasks:
+                raise ParamsError(f"distill.unlabeled.{task}: '{task}' is not in distill.tasks")
+        for task, prompt in self.evaluate.zero_shot.items():
+            if task not in self.tasks:
+                raise ParamsError(f"evaluate.zero_shot.{task}: '{task}' is not a task in `tasks`")
+            names = self.tasks[task].label_names
+            if names is not None and len(names) != len(prompt.label_words):
+                raise ParamsError(f"evaluate.zero_shot.{task}.label_words: {len(prompt.label_words)} words for "
+                                  f"{len(names)} labels ({names})")
         if self.finetune.aux_lm_weight > 0 and self.objective != "clm":
             raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
                               f"(objective: clm), not {self.objective}; set it to 0")
@@ -418,6 +525,14 @@ def at_least_one(section: Any, key: str, *names: str) -> None:
     for name in names:
         if getattr(section, name) < 1:
             raise ParamsError(f"{key}.{name}: {getattr(section, name)} must be >= 1")
+
+
+def at_least_one_or_null(section: Any, key: str, *names: str) -> None:
+    """The named optional integer fields of `section` (a limit; null = no limit) must be >= 1 when set."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < 1:
+            raise ParamsError(f"{key}.{name}: {value} must be >= 1 (or null for all)")
 
 
 def check_ulmfit_lr(section: Any, key: str) -> None:

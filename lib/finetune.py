@@ -30,7 +30,7 @@ from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
 from lib.model import Transformer
 from lib.tasks import Batch, Example, TaskData, batches, compute_metrics
-from lib.trainer import autocast, discriminative_groups, slanted_triangular
+from lib.trainer import autocast, discriminative_groups, slanted_triangular, warmup_decay
 
 
 @dataclass
@@ -61,10 +61,8 @@ class Setup:
 
 
 def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], float]]:
-    def schedule(total: int, _: int) -> Callable[[int], float]:
-        warmup = max(1, round(total * warmup_frac))
-        return lambda step: (step + 1) / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
-    return schedule
+    """plain/from_scratch/frozen: warmup over warmup_frac of the steps, then linear decay to 0."""
+    return lambda total, _: warmup_decay(total, max(1, round(total * warmup_frac)))
 
 
 def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfig) -> Setup:
@@ -183,19 +181,11 @@ class FullTrainer:
             total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
         return total / max(count, 1)
 
-    @torch.no_grad()
-    def predict(self, examples: list[Example]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.model.eval()
-        for batch in batches(examples, self.cfg.batch_size * 2, self.pad_id):
-            batch = batch.to(self.device)
-            with autocast(self.device, self.impl):
-                logits, _ = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
-            yield logits.argmax(-1).cpu(), batch.labels.cpu()
-
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
         """Metrics of the model on task.dev ("dev") or task.eval ("eval")."""
         examples = self.task.dev if split == "dev" else self.task.eval
-        return scored(self.predict(examples), metrics, len(self.task.label_names), with_confusion)
+        pairs = predict(self.model, examples, self.cfg.batch_size * 2, self.pad_id, self.device, self.impl)
+        return scored(pairs, metrics, len(self.task.label_names), with_confusion)
 
 
 class ProbeTrainer:
@@ -265,6 +255,18 @@ class ProbeTrainer:
         x, y = self.features[split]
         chunks = ((self.model.head(x[i:i + 1024]).argmax(-1).cpu(), y[i:i + 1024].cpu()) for i in range(0, len(y), 1024))
         return scored(chunks, metrics, len(self.task.label_names), with_confusion)
+
+
+@torch.no_grad()
+def predict(model: Classifier, examples: list[Example], batch_size: int, pad_id: int, device: torch.device,
+            impl: ImplConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(predicted classes, labels) per batch of `examples`, the model in eval mode."""
+    model.eval()
+    for batch in batches(examples, batch_size, pad_id):
+        batch = batch.to(device)
+        with autocast(device, impl):
+            logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+        yield logits.argmax(-1).cpu(), batch.labels.cpu()
 
 
 def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str], n_classes: int,

@@ -139,6 +139,18 @@ def read_rows(source: str, split: str, fields: dict[str, str], key: str,
         raise UserError(f"{key}: '{source}' split '{split}' has no rows")
 
 
+def split_columns(source: str, split: str, key: str) -> list[str]:
+    """The field names of `split`, from its first rows (UserError for a missing split or an unreadable source)."""
+    try:
+        return list(next(iter(_open(source, split, key).iter(batch_size=1))))
+    except UserError:
+        raise
+    except StopIteration:
+        return []
+    except Exception as err:
+        raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
+
+
 def read_texts(source: str, split: str, field: str, key: str, max_rows: int | None = None) -> Iterator[str]:
     """The `field` of each row as a string (null -> ''); a non-text value is a UserError."""
     for row in read_rows(source, split, {"text": field}, key, max_rows):

@@ -34,7 +34,7 @@ import torch
 
 from lib.config import TaskConfig
 from lib.errors import UserError
-from lib.sources import read_rows
+from lib.sources import read_rows, split_columns
 
 TRUNCATIONS = ("head", "tail", "head_tail")
 SORT_CHUNK = 50  # shuffled batches sort by length within chunks of this many batches
@@ -129,15 +129,29 @@ def example_hash(row: Row) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def load_task(name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-              dev_max: int, max_train: int | None = None, max_eval: int | None = None) -> TaskData:
-    """Read task `name`: train and dev from cfg.train_split, eval from cfg.eval_splits[0], encoded with
-    `tokenizer` (`special`: role -> id, as lib.tokenizer.special_ids). Raises UserError on unusable data."""
+@dataclass
+class TaskRows:
+    """A task's texts and label indices, selected as load_task selects them (for text baselines)."""
+    name: str
+    label_names: list[str]
+    train: list[Row]
+    dev: list[Row]
+    eval: list[Row] | None  # None when the evaluation split has no labels
+    eval_split: str
+    skipped: dict[str, int]
+
+
+def read_task(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int, max_train: int | None = None,
+              max_eval: int | None = None, eval_split: str | None = None) -> TaskRows:
+    """Read task `name`: train and dev rows from cfg.train_split, eval rows from `eval_split` (default
+    cfg.eval_splits[0]), labels as class indices. Raises UserError on unusable data."""
     key = f"tasks.{name}"
-    eval_split = cfg.eval_splits[0]
+    eval_split = eval_split or cfg.eval_splits[0]
     skipped: dict[str, int] = {}
     train_rows = _read_split(cfg, cfg.train_split, "train", key, skipped)
-    eval_rows = _read_split(cfg, eval_split, "eval", key, skipped)
+    # a split without the label field (GLUE's test_unlabeled) is read as unlabeled: no evaluation examples
+    labeled = cfg.label_field in split_columns(cfg.source, eval_split, key)
+    eval_rows = _read_split(cfg, eval_split, "eval", key, skipped, labeled=labeled)
     label_names, index = _label_index(cfg, train_rows, key)
     train_rows = [row._replace(label=index[row.label]) for row in train_rows]
 
@@ -149,29 +163,61 @@ def load_task(name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *,
         raise UserError(f"{key}: no {side} examples left after hashing finetune.dev_fraction = {dev_fraction} "
                         f"of the {len(train_rows)} train rows into dev; use more data or change dev_fraction")
     train_ids = _smallest(train_ids, train_hash, [row.label for row in train_rows], max_train)
-
-    def examples(rows: list[Row]) -> tuple[list[Example], int]:
-        ids, segments, truncated = encode(
-            tokenizer, [row.a for row in rows], None if cfg.text_pair_field is None else [row.b for row in rows],
-            cfg.max_len, cfg.truncation, special["bos"], special["eos"])
-        return [Example(i, s, row.label) for i, s, row in zip(ids, segments, rows)], truncated
-
-    train, train_cut = examples([train_rows[i] for i in train_ids])
-    dev, dev_cut = examples([train_rows[i] for i in sorted(dev_ids)])
-    evaluation, eval_cut = None, 0
+    evaluation = None
     if not all(_unlabeled(row.label) for row in eval_rows):
         eval_rows = [row._replace(label=_eval_index(row.label, index, eval_split, key)) for row in eval_rows]
         eval_hash = [example_hash(row) for row in eval_rows]
         kept = _smallest(list(range(len(eval_rows))), eval_hash, [row.label for row in eval_rows], max_eval)
-        evaluation, eval_cut = examples([eval_rows[i] for i in kept])
-    return TaskData(name=name, label_names=label_names, train=train, dev=dev, eval=evaluation,
-                    eval_split=eval_split, skipped=skipped,
+        evaluation = [eval_rows[i] for i in kept]
+    return TaskRows(name=name, label_names=label_names, train=[train_rows[i] for i in train_ids],
+                    dev=[train_rows[i] for i in sorted(dev_ids)], eval=evaluation, eval_split=eval_split,
+                    skipped=skipped)
+
+
+def load_task(name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
+              dev_max: int, max_train: int | None = None, max_eval: int | None = None) -> TaskData:
+    """read_task's rows encoded with `tokenizer` (`special`: role -> id, as lib.tokenizer.special_ids)."""
+    rows = read_task(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train, max_eval=max_eval)
+    return encode_task(rows, cfg, tokenizer, special)
+
+
+def encode_task(rows: TaskRows, cfg: TaskConfig, tokenizer, special: dict[str, int]) -> TaskData:
+    """A task's selected rows as token-id examples."""
+    train, train_cut = encode_rows(rows.train, cfg, tokenizer, special)
+    dev, dev_cut = encode_rows(rows.dev, cfg, tokenizer, special)
+    evaluation, eval_cut = encode_rows(rows.eval, cfg, tokenizer, special) if rows.eval is not None else (None, 0)
+    return TaskData(name=rows.name, label_names=rows.label_names, train=train, dev=dev, eval=evaluation,
+                    eval_split=rows.eval_split, skipped=rows.skipped,
                     truncated={"train": train_cut + dev_cut, "eval": eval_cut})
 
 
-def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[str, int]) -> list[Row]:
-    """The rows of `split` that have text (both texts of a pair); the others are counted in `skipped`."""
-    fields = {"a": cfg.text_field, "label": cfg.label_field}
+def encode_rows(rows: list[Row], cfg: TaskConfig, tokenizer, special: dict[str, int]) -> tuple[list[Example], int]:
+    """(examples, number truncated): rows encoded as the task's config says."""
+    ids, segments, truncated = encode(
+        tokenizer, [row.a for row in rows], None if cfg.text_pair_field is None else [row.b for row in rows],
+        cfg.max_len, cfg.truncation, special["bos"], special["eos"])
+    return [Example(i, s, row.label) for i, s, row in zip(ids, segments, rows)], truncated
+
+
+def read_unlabeled(name: str, cfg: TaskConfig, split: str, limit: int | None,
+                   exclude: set[int]) -> tuple[list[Row], dict[str, int]]:
+    """(rows, skipped rows by reason): the texts of `split` of the task's source with label UNLABELED, at most
+    `limit` of smallest hash, none whose hash is in `exclude` (the dev and evaluation texts, which a
+    teacher-labeled copy would leak into training). Empty texts are skipped and counted."""
+    skipped: dict[str, int] = {}
+    rows = _read_split(cfg, split, "unlabeled", f"tasks.{name}", skipped, labeled=False)
+    hashes = [example_hash(row) for row in rows]
+    fresh = [i for i, h in enumerate(hashes) if h not in exclude]
+    kept = _smallest(fresh, hashes, [0] * len(rows), limit)
+    skipped["unlabeled.overlap"] = len(rows) - len(fresh)
+    return [rows[i] for i in kept], skipped
+
+
+def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[str, int],
+                labeled: bool = True) -> list[Row]:
+    """The rows of `split` that have text (both texts of a pair); the others are counted in `skipped`.
+    labeled=False reads the texts only, each with the label UNLABELED."""
+    fields = {"a": cfg.text_field, **({"label": cfg.label_field} if labeled else {})}
     if cfg.text_pair_field is not None:
         fields["b"] = cfg.text_pair_field
     rows, empty = [], 0
@@ -186,7 +232,7 @@ def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[
         if any(text is None or not text.strip() for text in texts):
             empty += 1
             continue
-        rows.append(Row(row["a"], row.get("b"), row["label"]))
+        rows.append(Row(row["a"], row.get("b"), row["label"] if labeled else UNLABELED))
     skipped[f"{role}.empty_text"] = empty
     if not rows:
         raise UserError(f"{key}.text_field: split '{split}' has no row with text ({empty} empty)")
@@ -278,20 +324,24 @@ def batches(examples: list[Example], batch_size: int, pad_id: int, seed: int | N
     batch, so metrics do not depend on the order. seed int (training): shuffled with random.Random(seed),
     sorted by length within chunks of SORT_CHUNK batches (little padding, still random), and the batch
     order shuffled again: the same seed gives the same batches."""
+    for group in batch_indices(examples, batch_size, seed):
+        yield collate([examples[i] for i in group], pad_id)
+
+
+def batch_indices(examples: list[Example], batch_size: int, seed: int | None = None) -> list[list[int]]:
+    """The example indices of each batch `batches` makes, in its order (to pair batches with per-example data)."""
     def length(i: int) -> int:
         return -len(examples[i].ids)
 
     order = list(range(len(examples)))
     if seed is None:
-        groups = _chunks(sorted(order, key=length), batch_size)
-    else:
-        rng = random.Random(seed)
-        rng.shuffle(order)
-        groups = [group for chunk in _chunks(order, SORT_CHUNK * batch_size)
-                  for group in _chunks(sorted(chunk, key=length), batch_size)]
-        rng.shuffle(groups)
-    for group in groups:
-        yield collate([examples[i] for i in group], pad_id)
+        return _chunks(sorted(order, key=length), batch_size)
+    rng = random.Random(seed)
+    rng.shuffle(order)
+    groups = [group for chunk in _chunks(order, SORT_CHUNK * batch_size)
+              for group in _chunks(sorted(chunk, key=length), batch_size)]
+    rng.shuffle(groups)
+    return groups
 
 
 def _chunks(items: list[int], size: int) -> list[list[int]]:

@@ -132,6 +132,28 @@ class StageRun:
         child.log_params(params)
         return child
 
+    def parent(self) -> StageRun:
+        """The pipeline's parent run (inactive when there is none), for what sums up the whole chain."""
+        return StageRun(self.client if self.parent_id else None, self.parent_id)
+
+    def log_classifier(self, model_dir: str | Path, name: str) -> str | None:
+        """Log a classifier folder into this run as an MLflow pyfunc model (lib.predict.log_pyfunc);
+        returns its URI, or None when tracking is off or logging failed (warned once)."""
+        if not self.active:
+            return None
+        import mlflow
+
+        from lib.predict import log_pyfunc
+
+        try:
+            mlflow.set_tracking_uri(tracking_uri())
+            with mlflow.start_run(run_id=self.run_id):
+                return log_pyfunc(model_dir, name)
+        except Exception as err:
+            warn(f"MLflow could not log model {name} ({describe(err)}); the stage goes on without tracking")
+            self.client = None
+            return None
+
     def finish(self, status: str) -> None:
         self._call("end the run", "set_terminated", self.run_id, status)
         if self.parent_id:

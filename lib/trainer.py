@@ -89,18 +89,23 @@ def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Calla
     return multiplier
 
 
+def warmup_decay(total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
+                 shape: str = "linear") -> Callable[[int], float]:
+    """Linear warmup from 1/warmup_steps to 1, then linear or cosine decay to min_ratio at total_steps."""
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        decayed = 1 - progress if shape == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return min_ratio + (1 - min_ratio) * decayed
+    return multiplier
+
+
 def lr_multiplier(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    """The schedule of cfg: STLR, or linear warmup to 1 then linear/cosine decay to min_lr_ratio at total_steps."""
+    """The schedule of cfg: STLR, or warmup then linear/cosine decay to min_lr_ratio at total_steps."""
     if cfg.schedule == "stlr":
         return slanted_triangular(total_steps, cfg.cut_frac, cfg.stlr_ratio)
-
-    def multiplier(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        shape = 1 - progress if cfg.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
-    return multiplier
+    return warmup_decay(total_steps, cfg.warmup_steps, cfg.min_lr_ratio, cfg.schedule)
 
 
 @dataclass

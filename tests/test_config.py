@@ -132,6 +132,34 @@ def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value
     assert message in error_of(tmp_path, default_params)
 
 
+@pytest.mark.parametrize("section, key, value, message", [
+    ("finetune", "max_train_examples", {"imdb": 0}, "finetune.max_train_examples.imdb: 0 must be >= 1"),
+    ("finetune", "max_train_examples", {"cola": 10}, "finetune.max_train_examples.cola: 'cola' is not in finetune.tasks"),
+    ("finetune", "max_train_examples", "many", "finetune.max_train_examples: expected"),
+    ("distill", "tasks", ["imdb", "cola"], "distill.tasks[1]: 'cola' is not in finetune.tasks"),
+    ("distill", "unlabeled", {"sst2": "unsup", "mrpc": "x"}, "distill.unlabeled.mrpc: 'mrpc' is not in distill.tasks"),
+    ("distill", "width", 0.5, "distill.init: a narrower student (width 0.5) cannot copy teacher blocks"),
+    ("distill", "layer_map", [1, 2, 3], "distill.layer_map: 3 entries for 2 student layers"),
+    ("distill", "pkd_weight", -1.0, "must be >= 0 and not all 0"),
+    ("evaluate", "zero_shot", {"imdb": {"template": "It was", "label_words": [" bad", " good"]}},
+     "evaluate.zero_shot.imdb.template: 'It was' has no {text} placeholder"),
+    ("evaluate", "zero_shot", {"imdb": {"template": "{text} It was", "label_words": [" bad"]}},
+     "evaluate.zero_shot.imdb.label_words: need a non-blank word per label"),
+    ("evaluate", "zero_shot", {"imdb": {"template": "{text} It was", "label_words": [" a", " b", " c"]}},
+     "evaluate.zero_shot.imdb.label_words: 3 words for 2 labels"),
+    ("evaluate", "tfidf_c", [], "evaluate.tfidf_c: [] must be a non-empty list of positive numbers"),
+])
+def test_distill_and_evaluate_params(chdir_root, tmp_path, default_params, section, key, value, message):
+    default_params[section][key] = value
+    assert message in error_of(tmp_path, default_params)
+
+
+def test_per_task_train_limit(chdir_root, tmp_path, default_params):
+    default_params["finetune"]["max_train_examples"] = {"sst2": 20000}
+    finetune = load(tmp_path, default_params).finetune
+    assert finetune.train_limit("sst2") == 20000 and finetune.train_limit("imdb") is None
+
+
 def test_task_fields(chdir_root, tmp_path, default_params):
     default_params["tasks"]["mrpc"]["metrics"] = ["f2"]
     assert "tasks.mrpc.metrics[0]: 'f2' is not one of accuracy, f1, mcc" in error_of(tmp_path, default_params)

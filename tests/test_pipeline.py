@@ -18,8 +18,9 @@ from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 # rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
 TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "unsup": 150, "test": 60},
-        "sst2": {"train": 150, "validation": 60, "test": 60}, "cola": {"validation": 40, "test_unlabeled": 40},
-        "mrpc": {"validation": 40, "test": 40}, "rte": {"validation": 30, "test_unlabeled": 30}}
+        "sst2": {"train": 150, "validation": 60, "test": 60},
+        "cola": {"train": 80, "validation": 40, "test_unlabeled": 40}, "mrpc": {"train": 80, "validation": 40, "test": 40},
+        "rte": {"train": 80, "validation": 30, "test_unlabeled": 30}}
 
 
 def head(path: Path, n: int) -> list[dict]:
@@ -76,6 +77,8 @@ def tiny_params(repo: Path) -> None:
     params["tasks"]["sst2"]["max_len"] = 32
     params["finetune"].update(seeds=1, epochs=2, batch_size=8, max_train_examples=None, max_eval_examples=None,
                               dev_fraction=0.2, dev_max=40, probe_epochs=3, head_hidden=16)
+    params["distill"].update(layers=1, epochs=2, batch_size=8, max_unlabeled=40)
+    params["evaluate"].update(latency_seq_len=32, latency_repeats=5, throughput_batch=4)
     params["impl"]["precision"] = "fp32"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -101,7 +104,7 @@ def repo(tmp_path_factory):
     return repo, planted
 
 
-STAGES = ["clean", "tokenizer", "pretrain", "adapt", "finetune"]
+STAGES = ["clean", "tokenizer", "pretrain", "adapt", "finetune", "distill", "evaluate"]
 
 
 def stage_runs(repo: Path) -> list:
@@ -154,23 +157,60 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
         assert header == "epoch,ulmfit,plain,from_scratch,frozen"
     from lib.classifier import load_classifier
     classifier, info = load_classifier(repo / "models/finetune/sst2")
-    assert info["label_names"] == ["0", "1"] and info["task"] == "sst2"
+    assert info["label_names"] == ["negative", "positive"] and info["task"] == "sst2"
     assert not (repo / "data/checkpoints/finetune").exists()
+
+    distill = json.loads((repo / "metrics/distill.json").read_text())
+    assert set(distill) == {"imdb", "sst2"}
+    assert distill["imdb"]["transfer"] == {"labeled": finetune["imdb"]["train_examples"], "unlabeled": 40}
+    assert distill["sst2"]["transfer"]["unlabeled"] == 0  # distill.unlabeled names imdb only
+    for task in distill:
+        assert distill[task]["student"]["params"] < distill[task]["teacher"]["params"]
+        assert distill[task]["teacher_blocks"] == [0] and distill[task]["layer_map"] == [1]
+    student, info = load_classifier(repo / "models/distill/imdb")
+    assert info["variant"] == "student" and student.backbone.cfg.n_layers == 1
+    assert not (repo / "data/checkpoints/distill").exists()
+
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert set(evaluate) == {"imdb", "sst2", "cola", "mrpc", "rte"}
+    imdb = evaluate["imdb"]["splits"]["test"]["scores"]
+    assert {"teacher", "student", "ulmfit", "plain", "from_scratch", "frozen", "tfidf", "tfidf_full_train",
+            "zero_shot"} <= set(imdb)
+    teacher_variant = json.loads((repo / "models/finetune/imdb/classifier.json").read_text())["eval"]
+    assert imdb["teacher"]["accuracy"] == pytest.approx(teacher_variant["accuracy"], abs=0.02)  # fp32 vs bf16
+    assert set(evaluate["sst2"]["splits"]) == {"validation", "test"}  # both labeled
+    assert set(evaluate["rte"]["splits"]) == {"validation"} and "test_unlabeled" in evaluate["rte"]["note"]
+    assert set(evaluate["rte"]["splits"]["validation"]["scores"]) == {"tfidf", "tfidf_full_train"}  # not finetuned
+    cpu = evaluate["imdb"]["efficiency"]["student"]["cpu"]
+    assert 0 < cpu["p50_ms"] <= cpu["p95_ms"] and cpu["throughput"] > 0
+    assert evaluate["imdb"]["retained"] > 0 and evaluate["imdb"]["speedup"] > 0
+    summary = (repo / "reports/summary.md").read_text()
+    assert "## imdb" in summary and "![scores.png](scores.png)" in summary and (repo / "reports/scores.png").is_file()
+    assert (repo / "plots/evaluate/confusion/imdb_student.csv").read_text().startswith("actual,predicted")
 
     runs = stage_runs(repo)
     parents = [r for r in runs if r.data.tags["pipeline.role"] == "pipeline"]
     stages = [r for r in runs if r.data.tags["pipeline.role"] == "stage"]
     assert len(parents) == 1 and [r.data.tags["stage"] for r in stages] == STAGES
+    finetune_run, distill_run, evaluate_run = stages[-3:]
     trials = [r for r in runs if r.data.tags["pipeline.role"] == "finetune-run"]
-    assert len(trials) == 2 * 4 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {stages[-1].info.run_id}
+    assert len(trials) == 2 * 4 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {finetune_run.info.run_id}
+    students = [r for r in runs if r.data.tags["pipeline.role"] == "distill-run"]
+    assert len(students) == 2 and {r.data.tags["mlflow.parentRunId"] for r in students} == {distill_run.info.run_id}
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
     assert stages[0].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
     assert stages[1].data.params["tokenizer.vocab_size"] == "400"
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    assert "reports" in {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert parents[0].data.metrics["imdb.student.accuracy"] == imdb["student"]["accuracy"]
+    models = client.search_logged_models([evaluate_run.info.experiment_id])
+    assert {m.name for m in models if m.source_run_id == evaluate_run.info.run_id} == {
+        f"{task}-{role}" for task in ("imdb", "sst2") for role in ("teacher", "student")}
 
     # nothing changed: nothing reruns, nothing new is tracked
     out = run(repo, "dvc", "repro")
     assert "Running stage" not in out
-    assert len(stage_runs(repo)) == 1 + len(STAGES) + 8
+    assert len(stage_runs(repo)) == 1 + len(STAGES) + 8 + 2
 
 
 def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
@@ -184,7 +224,9 @@ def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
     assert adapt["objective"] == "electra" and "val_replaced_recall" in adapt and "before_val_disc_loss" in adapt
     runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
     assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == \
-        ["pretrain", "adapt", "finetune"]
+        ["pretrain", "adapt", "finetune", "distill", "evaluate"]
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):

@@ -10,8 +10,8 @@ import torch
 
 from lib.config import SpecialTokens, TaskConfig, TokenizerConfig
 from lib.errors import UserError
-from lib.tasks import (Batch, Example, Row, _pair_lengths, batches, compute_metrics, encode, example_hash,
-                       load_task)
+from lib.tasks import (UNLABELED, Batch, Example, Row, _pair_lengths, batches, compute_metrics, encode, example_hash,
+                       load_task, read_unlabeled)
 from lib.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
@@ -211,6 +211,26 @@ def test_eval_label_not_in_train(tokenizer, tmp_path, eval_labels, shown):
 def test_unlabeled_eval_split_gives_no_eval(tokenizer, tmp_path, eval_labels):
     data = load(tokenizer, make_task(tmp_path, labeled(12, [0, 1]), labeled(5, eval_labels)))
     assert data.eval is None and data.truncated["eval"] == 0 and data.train
+
+
+def test_eval_split_without_a_label_field_gives_no_eval(tokenizer, tmp_path):
+    unlabeled = [{"idx": i, "text": row["text"]} for i, row in enumerate(labeled(5, [0, 1], seed=1))]
+    data = load(tokenizer, make_task(tmp_path, labeled(12, [0, 1]), unlabeled))
+    assert data.eval is None and data.train
+
+
+def test_unlabeled_texts_leave_out_held_out_ones(tokenizer, tmp_path):
+    cfg = make_task(tmp_path, labeled(12, [0, 1]), labeled(5, [0, 1], seed=1))
+    extra = labeled(10, [0], seed=2)
+    write_jsonl_gz(Path(cfg.source) / "unsup.jsonl.gz",
+                   [{"text": r["text"]} for r in extra] + [{"text": ""}])
+    held_out = {example_hash(Row(extra[0]["text"], None, 0))}
+    rows, skipped = read_unlabeled("toy", cfg, "unsup", 5, held_out)
+    assert len(rows) == 5 and all(row.label == UNLABELED for row in rows)
+    assert extra[0]["text"] not in {row.a for row in rows}
+    assert skipped == {"unlabeled.empty_text": 1, "unlabeled.overlap": 1}
+    everything, _ = read_unlabeled("toy", cfg, "unsup", None, set())
+    assert len(everything) == 10 and {r.a for r in rows} <= {r.a for r in everything}
 
 
 def test_empty_texts_are_skipped_and_counted(tokenizer, tmp_path):

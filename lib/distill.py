@@ -1,0 +1,302 @@
+"""Knowledge distillation: a smaller student classifier trained on a finetuned teacher's outputs.
+
+The student is the teacher's architecture with fewer layers, optionally narrower. At the teacher's
+width it starts from the teacher: embeddings, final norm, heads, and a choice of its blocks, either
+spread from the first to the last (DistilBERT's "one layer out of two": for 12 -> 6 layers, blocks
+0, 2, 4, 7, 9, 11) or the bottom k. A narrower student starts from random weights, and learned
+projections carry its states to the teacher's width for the state losses.
+
+The loss is a weighted sum of
+- soft: KL(teacher || student) of the temperature-T distributions, times T^2, so that its gradients
+  keep their size whatever T is (Hinton et al. 2015);
+- hard: cross-entropy with the gold label, on the labeled examples only;
+- hidden: per real token, 1 - cosine (DistilBERT) or the MSE (TinyBERT) between a student layer's
+  output and the teacher layer it imitates: the last layer only, or every student layer;
+- pkd: Patient-KD (Sun et al. 2019), the squared distance between the L2-normalised summary states
+  ([CLS], or a causal model's last token) of the intermediate layers.
+
+The transfer set is the task's train examples plus unlabeled in-domain text that only the teacher
+labels. The teacher's outputs (logits and the states the losses need) are computed once, before the
+first epoch, and kept in memory. Each epoch ends in a checkpoint; a killed run started again resumes
+after its last finished epoch and ends with the same student, since batch order and dropout come
+from the seed and the saved RNG state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib.classifier import Classifier
+from lib.config import DistillConfig, ImplConfig
+from lib.errors import UserError
+from lib.finetune import predict, scored
+from lib.io import atomic_file
+from lib.model import Transformer
+from lib.tasks import UNLABELED, Example, TaskData, batch_indices, collate
+from lib.trainer import autocast, discriminative_groups, warmup_decay
+
+BEST_WEIGHTS = "best.safetensors"
+
+
+@dataclass
+class TeacherOutputs:
+    logits: torch.Tensor  # (N, n_classes) float32
+    hidden: list[torch.Tensor]  # per example (n_hidden_layers, T_i, d) bfloat16; empty without a hidden loss
+    summary: torch.Tensor | None  # (N, n_pkd_layers, d) float32; None without Patient-KD
+
+
+@dataclass
+class DistillResult:
+    task: str
+    teacher: dict[str, Any]  # {"dev": metrics, "eval": metrics or None}, on the student's examples
+    student: dict[str, Any]
+    confusion: list[list[int]] | None  # the student's on the evaluation split
+    best_epoch: int
+    history: list[dict[str, float]]  # per epoch: losses, lr, dev metrics
+    seconds: float  # training the student (over every resumed part) and scoring it
+    teacher_seconds: float  # the teacher's outputs on the transfer set and its scores
+    transfer: dict[str, int]  # {"labeled": n, "unlabeled": m}
+    teacher_blocks: list[int]  # the teacher blocks (0-based) the student starts from; [] = random init
+    layer_map: list[int]  # the teacher layer (1-based) each student layer imitates
+    student_params: int
+    teacher_params: int
+
+
+def student_plan(cfg: DistillConfig, n_teacher: int) -> tuple[list[int], list[int]]:
+    """(teacher blocks the student copies, 0-based, [] for a random init; the teacher layer, 1-based,
+    each student layer imitates: cfg.layer_map, or the layer of the block it copies)."""
+    k = cfg.layers
+    if k > n_teacher:
+        raise UserError(f"distill.layers: {k} is more than the teacher's {n_teacher} layers; use at most {n_teacher}")
+    spread = list(range(k)) if cfg.init == "bottom" else [round(i * (n_teacher - 1) / max(1, k - 1)) for i in range(k)]
+    layer_map = cfg.layer_map or [b + 1 for b in spread]
+    for i, layer in enumerate(layer_map):
+        if not 1 <= layer <= n_teacher:
+            raise UserError(f"distill.layer_map[{i}]: {layer} is not a teacher layer (1..{n_teacher})")
+    return ([] if cfg.init == "random" else spread), layer_map
+
+
+def build_student(teacher: Classifier, cfg: DistillConfig, blocks: list[int]) -> Classifier:
+    """The student's classifier: the teacher's config with cfg.layers layers (and cfg.width), the
+    teacher's weights where `blocks` names which of its blocks to copy."""
+    t = teacher.backbone.cfg
+    if cfg.width == 1.0:
+        s = dataclasses.replace(t, n_layers=cfg.layers)
+    else:
+        s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
+    student = Classifier(Transformer(s), dataclasses.replace(teacher.head_cfg))
+    if blocks:
+        source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared
+        copied = {}
+        for name in student.state_dict():
+            block = re.match(r"backbone\.blocks\.(\d+)\.(.*)", name)
+            copied[name] = source[f"backbone.blocks.{blocks[int(block[1])] % n_blocks}.{block[2]}" if block else name]
+        student.load_state_dict(copied)
+    return student
+
+
+class Distiller(nn.Module):
+    """The student and, when it is narrower than the teacher, a projection per student layer to the
+    teacher's width; trained together, only the student is kept."""
+
+    def __init__(self, student: Classifier, teacher_width: int):
+        super().__init__()
+        self.student = student
+        width, layers = student.backbone.cfg.d_model, student.backbone.cfg.n_layers
+        self.projections = nn.ModuleList(
+            nn.Identity() if width == teacher_width else nn.Linear(width, teacher_width) for _ in range(layers))
+
+
+def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher_T || student_T) averaged over the batch, times T^2."""
+    return F.kl_div(F.log_softmax(student_logits / temperature, -1), F.log_softmax(teacher_logits / temperature, -1),
+                    log_target=True, reduction="batchmean") * temperature**2
+
+
+def hidden_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """(B, T, d) states -> the mean over real tokens of 1 - cosine or of the per-dimension squared error."""
+    if kind == "cosine":
+        per_token = 1 - F.cosine_similarity(student, teacher, dim=-1)
+    else:
+        per_token = (student - teacher).pow(2).mean(-1)
+    return per_token[mask].mean()
+
+
+def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """(B, L, d) summary states -> squared distance of the unit vectors, summed over layers, mean over the batch."""
+    return (F.normalize(student, dim=-1) - F.normalize(teacher, dim=-1)).pow(2).sum((-1, -2)).mean()
+
+
+@torch.no_grad()
+def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers: list[int], summary_layers: list[int],
+                    batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig) -> TeacherOutputs:
+    """The teacher's logits on `examples`, its states at `hidden_layers` (per real token) and its
+    summary states at `summary_layers` (layers 1-based), in one forward pass over them."""
+    teacher.eval()
+    logits = torch.zeros(len(examples), teacher.head_cfg.n_classes)
+    hidden: list[torch.Tensor] = [torch.empty(0)] * len(examples) if hidden_layers else []
+    width = teacher.backbone.cfg.d_model
+    summary = torch.zeros(len(examples), len(summary_layers), width) if summary_layers else None
+    for group in batch_indices(examples, batch_size):
+        batch = collate([examples[i] for i in group], pad_id).to(device)
+        with autocast(device, impl):
+            final, states = teacher.encode(batch.input_ids, batch.segment_ids, batch.attention_mask,
+                                           output_hidden_states=True)
+            logits[group] = teacher.head(teacher.features(final, batch.attention_mask)).float().cpu()
+        if summary is not None:
+            summary[group] = torch.stack([teacher.token_state(states[layer], batch.attention_mask)
+                                          for layer in summary_layers], 1).float().cpu()
+        for row, i in enumerate(group):
+            if hidden_layers:  # bf16 halves the memory; the losses compare in float32
+                n = len(examples[i].ids)
+                hidden[i] = torch.stack([states[layer][row, :n] for layer in hidden_layers]).to(torch.bfloat16).cpu()
+    return TeacherOutputs(logits, hidden, summary)
+
+
+def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], metrics: list[str],
+                 cfg: DistillConfig, impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
+                 checkpoint_dir: Path, fingerprint: str,
+                 on_epoch: Callable[[dict[str, float]], None] = lambda row: None) -> tuple[DistillResult, Classifier]:
+    """Train a student on task.train + `unlabeled` from `teacher`, pick its best epoch on task.dev,
+    score teacher and student on task.dev and task.eval. Resumes from checkpoint_dir when it holds a
+    checkpoint with this fingerprint. Returns the result and the best student (on the CPU)."""
+    blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
+    k = cfg.layers
+    # (student layer, teacher layer) pairs, 1-based
+    hidden_pairs = [] if cfg.hidden_weight == 0 else (
+        [(k, layer_map[-1])] if cfg.hidden_layers == "last" else list(zip(range(1, k + 1), layer_map)))
+    summary_pairs = list(zip(range(1, k), layer_map[:-1])) if cfg.pkd_weight > 0 else []
+    n_classes = len(task.label_names)
+    transfer = task.train + unlabeled
+
+    started = time.perf_counter()
+    teacher = teacher.to(device)
+    cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
+                            cfg.batch_size * 2, pad_id, device, impl)
+    teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl)[0]
+    teacher.to("cpu")
+    teacher_seconds = round(time.perf_counter() - started, 1)
+
+    torch.manual_seed(seed)
+    distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model).to(device)
+    student = distiller.student
+    optimizer = torch.optim.AdamW(discriminative_groups(distiller, [], cfg.lr, 1.0, cfg.weight_decay),
+                                  betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+    steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
+    checkpoint, best_path = checkpoint_dir / "last", checkpoint_dir / BEST_WEIGHTS
+    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, device)
+    if state is None or not best_path.is_file():
+        state = {"fingerprint": fingerprint, "epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
+                 "history": [], "seconds": 0.0}
+    else:
+        print(f"{task.name}: resuming the student after epoch {state['epoch']}", flush=True)
+
+    while state["epoch"] < cfg.epochs and state["bad_epochs"] < cfg.patience:
+        epoch_started = time.perf_counter()
+        epoch = state["epoch"] + 1
+        losses = train_epoch(distiller, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id,
+                             optimizer, scheduler, seed * 1000 + epoch)
+        dev = scored(predict(student, task.dev, cfg.batch_size * 2, pad_id, device, impl), metrics, n_classes, False)
+        row = {"epoch": epoch, **losses, "lr": scheduler.get_last_lr()[-1], **{f"dev_{m}": v for m, v in dev.items()}}
+        state["history"].append(row)
+        if dev[metrics[0]] > state["best_score"]:
+            state.update(best_score=dev[metrics[0]], best_epoch=epoch, bad_epochs=0)
+            with atomic_file(best_path, "wb") as f:
+                f.write(safetensors.torch.save(student_weights(student)))
+        else:
+            state["bad_epochs"] += 1
+        state["epoch"] = epoch
+        state["seconds"] += time.perf_counter() - epoch_started
+        save_checkpoint(checkpoint, distiller, optimizer, scheduler, state)
+        on_epoch(row)
+
+    scoring_started = time.perf_counter()
+    safetensors.torch.load_model(student, str(best_path), device=str(device))
+    student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl)
+    result = DistillResult(
+        task.name, teacher_scores, student_scores, confusion, state["best_epoch"], state["history"],
+        round(state["seconds"] + time.perf_counter() - scoring_started, 1), teacher_seconds,
+        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map,
+        student.backbone.num_params() + sum(p.numel() for p in student.head.parameters()),
+        teacher.backbone.num_params() + sum(p.numel() for p in teacher.head.parameters()))
+    return result, student.to("cpu").eval()
+
+
+def student_weights(student: Classifier) -> dict[str, torch.Tensor]:
+    """The student's state dict with tied tensors stored once (safetensors refuses shared memory)."""
+    seen: dict[int, str] = {}
+    weights = {}
+    for name, tensor in student.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen[tensor.data_ptr()] = name
+            weights[name] = tensor.detach().cpu().contiguous()
+    return weights
+
+
+def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: int, pad_id: int,
+             device: torch.device, impl: ImplConfig) -> tuple[dict[str, Any], list[list[int]] | None]:
+    """({"dev": metrics, "eval": metrics or None}, the evaluation split's confusion matrix or None)."""
+    n_classes = len(task.label_names)
+    scores: dict[str, Any] = {"dev": scored(predict(model, task.dev, batch_size, pad_id, device, impl), metrics,
+                                            n_classes, False), "eval": None}
+    confusion = None
+    if task.eval is not None:
+        scores["eval"], confusion = scored(predict(model, task.eval, batch_size, pad_id, device, impl), metrics,
+                                           n_classes, True)
+    return scores, confusion
+
+
+def train_epoch(distiller: Distiller, transfer: list[Example], cache: TeacherOutputs,
+                hidden_pairs: list[tuple[int, int]], summary_pairs: list[tuple[int, int]], cfg: DistillConfig,
+                impl: ImplConfig, device: torch.device, pad_id: int, optimizer: torch.optim.Optimizer,
+                scheduler: Any, seed: int) -> dict[str, float]:
+    """One pass over the transfer set; returns the mean of each loss term (and the total) per example."""
+    distiller.train()
+    student = distiller.student
+    sums: dict[str, float] = {}
+    for group in batch_indices(transfer, cfg.batch_size, seed):
+        batch = collate([transfer[i] for i in group], pad_id).to(device)
+        mask = batch.attention_mask
+        with autocast(device, impl):
+            final, states = student.encode(batch.input_ids, batch.segment_ids, mask, output_hidden_states=True)
+            logits = student.head(student.features(final, mask)).float()
+        terms = {"soft": soft_loss(logits, cache.logits[group].to(device), cfg.temperature)}
+        labeled = batch.labels != UNLABELED
+        if cfg.hard_weight > 0 and labeled.any():
+            terms["hard"] = F.cross_entropy(logits[labeled], batch.labels[labeled])
+        if hidden_pairs:
+            target = torch.zeros(len(group), len(hidden_pairs), mask.shape[1], cache.hidden[group[0]].shape[-1])
+            for row, i in enumerate(group):
+                target[row, :, : len(transfer[i].ids)] = cache.hidden[i].float()
+            target = target.to(device)
+            terms["hidden"] = sum(
+                hidden_loss(distiller.projections[s - 1](states[s].float()), target[:, j], mask, cfg.hidden_loss)
+                for j, (s, _) in enumerate(hidden_pairs)) / len(hidden_pairs)
+        if summary_pairs:
+            projected = [distiller.projections[s - 1](student.token_state(states[s], mask).float())
+                         for s, _ in summary_pairs]
+            terms["pkd"] = patient_loss(torch.stack(projected, 1), cache.summary[group].to(device))
+        weights = {"soft": cfg.soft_weight, "hard": cfg.hard_weight, "hidden": cfg.hidden_weight, "pkd": cfg.pkd_weight}
+        loss = sum(weights[name] * term for name, term in terms.items())
+        loss.backward()
+        if cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(distiller.parameters(), cfg.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        for name, value in {**terms, "loss": loss}.items():
+            sums[name] = sums.get(name, 0.0) + value.item() * len(group)
+    return {f"{name}_loss" if name != "loss" else "train_loss": total / len(transfer) for name, total in sums.items()}

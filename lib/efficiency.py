@@ -1,0 +1,97 @@
+"""How big and how fast a classifier is, for the evaluate stage: a score alone hides that a model
+twice the size may be a point better.
+
+Size is counted as parameters (a tied or shared tensor once, as it is stored) and as bytes of the
+weight files. Speed is measured on random token ids of exactly `seq_len` tokens with no padding, so
+the numbers depend on the model and the length alone, not on a dataset's length distribution; the
+forward is the one prediction runs (`lib.predict`): inference mode, bf16 autocast on CUDA and fp32 on
+CPU unless told otherwise. Latency is per call (batch 1 by default: one request); throughput is
+sequences per second over full batches. A measurement runs for at least `repeats` calls and at least
+MIN_MEASURED_S, so a tiny model that takes microseconds a call is not timed on timer noise.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from lib.classifier import Classifier
+from lib.predict import inference_autocast
+
+MIN_MEASURED_S = 0.2
+MAX_CALLS = 100_000  # a bound on the calls of one measurement, whatever MIN_MEASURED_S asks for
+WEIGHT_PATTERN = "*.safetensors"
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters, each tensor once: parameters() skips a tensor it has already yielded, so tied
+    embeddings and shared blocks count once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def size_on_disk(folder: str | Path) -> int:
+    """Bytes of the weight files (*.safetensors) in `folder`, e.g. a classifier folder: backbone + head."""
+    files = sorted(Path(folder).glob(WEIGHT_PATTERN))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no {WEIGHT_PATTERN} weight files")
+    return sum(path.stat().st_size for path in files)
+
+
+def latency(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 1, warmup: int = 5,
+            repeats: int = 50, threads: int | None = None, bf16: bool | None = None) -> dict[str, float]:
+    """{"p50_ms", "p95_ms", "mean_ms"}: milliseconds per forward of `batch_size` sequences of `seq_len`
+    tokens. `threads` sets torch's CPU threads for the measurement; `bf16` None = autocast on CUDA only.
+    The model is moved to `device` (in place, as nn.Module.to does) and left in its training mode."""
+    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, bf16)
+    ms = np.array(times) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "mean_ms": float(ms.mean())}
+
+
+def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
+               warmup: int = 2, repeats: int = 10, threads: int | None = None, bf16: bool | None = None) -> float:
+    """Sequences of `seq_len` tokens classified per second, in batches of `batch_size` (as latency)."""
+    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, bf16)
+    return batch_size * len(times) / sum(times)
+
+
+def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
+                 threads: int | None, bf16: bool | None) -> list[float]:
+    """Seconds of each timed forward: at least `repeats` of them and MIN_MEASURED_S in all."""
+    if seq_len < 1 or batch_size < 1 or repeats < 1:
+        raise ValueError(f"seq_len ({seq_len}), batch_size ({batch_size}) and repeats ({repeats}) must be >= 1")
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(model.backbone.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(device)
+    segment_ids = torch.zeros_like(input_ids)
+    # an all-true mask, as lib.predict passes one: the same attention path as a real prediction
+    attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    was_training, previous_threads = model.training, torch.get_num_threads()
+    model.to(device).eval()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        times: list[float] = []
+        measured = 0.0
+        with torch.inference_mode(), inference_autocast(device, bf16):
+            for call in range(warmup + MAX_CALLS):
+                _sync(device)  # nothing queued before the clock starts
+                start = time.perf_counter()
+                model(input_ids, segment_ids, attention_mask)
+                _sync(device)  # CUDA returns before the kernels have run
+                if call >= warmup:
+                    times.append(time.perf_counter() - start)
+                    measured += times[-1]
+                    if len(times) >= repeats and measured >= MIN_MEASURED_S:
+                        break
+        return times
+    finally:
+        torch.set_num_threads(previous_threads)
+        model.train(was_training)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,145 @@
+"""Stage `distill`: a smaller student per task from its finetuned teacher (lib/distill.py).
+
+For every task in distill.tasks it loads the teacher the finetune stage kept (--teachers/<task>),
+the same train/dev/eval examples finetune used, and, where distill.unlabeled names a split, that
+many in-domain texts for the teacher to label; trains the student and writes:
+- --out/<task>/: the student classifier (lib/classifier.py format, with label names and tokenizer);
+- the metrics JSON: per task, teacher and student scores on dev and the evaluation split, the share
+  of the teacher's score the student keeps, sizes, transfer-set counts and timings;
+- --plots/<task>.csv: per epoch, each loss term and the dev metric;
+- an MLflow child run per task under this stage's run.
+A finished task is kept in --checkpoints and a task in progress resumes from its last epoch.
+"""
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from lib import tracking
+from lib.checkpoint import fingerprint
+from lib.classifier import load_classifier, save_classifier
+from lib.config import load_params
+from lib.distill import DistillResult, distill_task
+from lib.errors import run_main
+from lib.io import atomic_dir, write_csv, write_json
+from lib.model import MODEL_FILE
+from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
+from lib.tokenizer import load_tokenizer, special_ids
+from lib.trainer import resolve_device
+
+STUDENT, RESULT = "student", "result.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
+    parser.add_argument("--out", type=Path, default=Path("models/distill"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics/distill.json"))
+    parser.add_argument("--plots", type=Path, default=Path("plots/distill"))
+    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
+    args = parser.parse_args()
+    params = load_params(args.params)
+    cfg, ft = params.distill, params.finetune
+    tasks = {name: params.tasks[name] for name in cfg.tasks}
+    # the examples are finetune's: its selection params decide them
+    selection = {k: getattr(ft, k) for k in ("dev_fraction", "dev_max", "max_train_examples", "max_eval_examples")}
+    stage_params = {"seed": params.seed, "device": params.device, "distill": cfg, "tasks": tasks,
+                    "finetune": selection, "impl": params.impl}
+    device = resolve_device(params.device)
+    metrics, results = {}, {}
+    with tracking.stage_run("distill", params.tracking, params, stage_params) as run:
+        for name, task_cfg in tasks.items():
+            teacher_dir = args.teachers / name
+            teacher, info = load_classifier(teacher_dir)
+            run_id = fingerprint(stage_params, task=name, device=device.type,
+                                 teacher=hashlib.sha256((teacher_dir / MODEL_FILE).read_bytes()).hexdigest())
+            task_dir = args.checkpoints / name
+            record = task_dir / RESULT
+            if record.is_file() and json.loads(record.read_text(encoding="utf-8"))["fingerprint"] == run_id:
+                print(f"{name}: distilled in an earlier run, kept", flush=True)
+                result = DistillResult(**json.loads(record.read_text(encoding="utf-8"))["result"])
+            else:
+                result = distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run)
+            results[name] = result
+            metrics[name] = summarise(result, task_cfg.metrics, info)
+        write_outputs(metrics, results, args, run)
+    shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
+
+
+def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run) -> DistillResult:
+    cfg, ft = params.distill, params.finetune
+    tokenizer = load_tokenizer(teacher_dir)
+    special = special_ids(tokenizer, params.tokenizer.special_tokens)
+    rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
+                     max_train=ft.train_limit(name), max_eval=ft.max_eval_examples)
+    task = encode_task(rows, task_cfg, tokenizer, special)
+    unlabeled, skipped = [], {}
+    if name in cfg.unlabeled:
+        held_out = {example_hash(row) for row in rows.dev + (rows.eval or [])}
+        texts, skipped = read_unlabeled(name, task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out)
+        unlabeled = encode_rows(texts, task_cfg, tokenizer, special)[0]
+    print(f"{name}: teacher {info['variant']} (seed {info['seed']}), {len(task.train)} labeled + {len(unlabeled)} "
+          f"unlabeled transfer examples (skipped {skipped}), {len(task.dev)} dev", flush=True)
+    child = run.child(f"{name}/student", {"task": name, "teacher_variant": info["variant"]},
+                      {"pipeline.role": "distill-run"})
+
+    def on_epoch(row: dict) -> None:
+        print(f"{name} student epoch {row['epoch']}: " + "  ".join(
+            f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"), flush=True)
+        child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    try:
+        result, student = distill_task(teacher, task, unlabeled, task_cfg.metrics, cfg, params.impl, device,
+                                       params.seed, special["pad"], task_dir, run_id, on_epoch)
+    except BaseException:
+        child.finish("FAILED")
+        raise
+    child.log_metrics({**{f"student_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.student[s] or {}).items()},
+                       **{f"teacher_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.teacher[s] or {}).items()},
+                       "best_epoch": result.best_epoch, "seconds": result.seconds})
+    child.finish("FINISHED")
+    print(f"{name}: teacher {result.teacher}, student {result.student} ({result.seconds:.0f} s)", flush=True)
+    meta = {"task": name, "label_names": task.label_names, "encoding": info["encoding"], "variant": "student",
+            "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
+            "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
+                        "layer_map": result.layer_map}}
+    save_classifier(student, task_dir / STUDENT, teacher_dir, meta)
+    write_json(task_dir / RESULT, {"fingerprint": run_id, "result": result.__dict__})
+    return result
+
+
+def summarise(result: DistillResult, metric_names: list[str], info: dict) -> dict:
+    """Teacher and student scores, the share of the teacher's score the student keeps (on the
+    evaluation split, dev where it has no labels), sizes and timings."""
+    split = "eval" if result.student["eval"] is not None else "dev"
+    main = metric_names[0]
+    teacher_score, student_score = result.teacher[split][main], result.student[split][main]
+    return {"metric": main, "retained_on": split,
+            "retained": student_score / teacher_score if teacher_score else None,
+            "teacher": {**result.teacher, "variant": info["variant"], "params": result.teacher_params},
+            "student": {**result.student, "params": result.student_params, "best_epoch": result.best_epoch},
+            "transfer": result.transfer, "teacher_blocks": result.teacher_blocks, "layer_map": result.layer_map,
+            "seconds": result.seconds, "teacher_seconds": result.teacher_seconds}
+
+
+def write_outputs(metrics: dict, results: dict[str, DistillResult], args, run) -> None:
+    with atomic_dir(args.out) as tmp:
+        for name in metrics:
+            shutil.copytree(args.checkpoints / name / STUDENT, tmp / name)
+            load_classifier(tmp / name)  # what later stages load must load
+    write_json(args.metrics, metrics)
+    for name, result in results.items():
+        columns = list(dict.fromkeys(k for row in result.history for k in row))
+        write_csv(args.plots / f"{name}.csv", columns, [[row.get(c, "") for c in columns] for row in result.history])
+    run.log_metrics({f"{task}.{role}.{split}_{metric}": value for task, m in metrics.items()
+                     for role in ("teacher", "student") for split in ("dev", "eval")
+                     for metric, value in (m[role][split] or {}).items()})
+    run.log_metrics({f"{task}.retained": m["retained"] for task, m in metrics.items() if m["retained"] is not None})
+    for path in (args.metrics, args.plots):
+        run.log_artifact(path)
+
+
+if __name__ == "__main__":
+    run_main(main)

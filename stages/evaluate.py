@@ -1,0 +1,191 @@
+"""Stage `evaluate`: one honest report of everything the chain produced.
+
+For every task in `tasks`, on each labeled split of its eval_splits (the examples finetune evaluates,
+finetune.max_eval_examples of them), it scores:
+- the teacher (finetune's best classifier) and the student (distill's), through lib.predict, the
+  way a user classifies raw strings, at deployment precision;
+- every finetune variant, as mean ± std over seeds, from the finetune metrics (first split only:
+  that is where finetune evaluates them);
+- TF-IDF + logistic regression trained on the same train examples and on the whole train split;
+- zero-shot prompting of the adapted LM where evaluate.zero_shot has a prompt and the LM is causal.
+It times teacher and student (size, CPU latency at batch 1, throughput at a batch), on the GPU too
+when there is one, and writes metrics/evaluate.json, DVC plot data under --plots, and reports/
+(summary.md + PNG figures), attached with the metrics to the MLflow parent run; the teacher and
+student are logged as MLflow pyfunc models.
+"""
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from lib import tracking
+from lib.baselines import tfidf_baseline, zero_shot
+from lib.config import load_params
+from lib.efficiency import latency, parameter_count, size_on_disk, throughput
+from lib.errors import UserError, run_main
+from lib.io import atomic_dir, write_csv, write_json
+from lib.model import load_model
+from lib.predict import TextClassifier
+from lib.report import write_report
+from lib.tasks import compute_metrics, read_task
+from lib.tokenizer import load_tokenizer, special_ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--lm", type=Path, default=Path("models/adapt"))
+    parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
+    parser.add_argument("--students", type=Path, default=Path("models/distill"))
+    parser.add_argument("--finetune-metrics", type=Path, default=Path("metrics/finetune.json"))
+    parser.add_argument("--distill-metrics", type=Path, default=Path("metrics/distill.json"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics/evaluate.json"))
+    parser.add_argument("--plots", type=Path, default=Path("plots/evaluate"))
+    parser.add_argument("--report", type=Path, default=Path("reports"))
+    args = parser.parse_args()
+    params = load_params(args.params)
+    cfg, ft = params.evaluate, params.finetune
+    stage_params = {"seed": params.seed, "device": params.device, "evaluate": cfg, "tasks": params.tasks,
+                    "finetune": {k: getattr(ft, k) for k in ("tasks", "dev_fraction", "dev_max", "max_train_examples",
+                                                             "max_eval_examples")}}
+    finetuned = read_json(args.finetune_metrics)
+    distilled = read_json(args.distill_metrics)
+    results = {}
+    with tracking.stage_run("evaluate", params.tracking, params, stage_params) as run:
+        lm = load_model(args.lm)
+        lm_tokenizer = load_tokenizer(args.lm)
+        special = special_ids(lm_tokenizer, params.tokenizer.special_tokens)
+        for name, task_cfg in params.tasks.items():
+            models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
+                      if (folder / name).is_dir()}
+            results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
+                                          lm_tokenizer, special, params)
+        write_outputs(results, args, run)
+        for name in results:
+            for role, folder in (("teacher", args.teachers), ("student", args.students)):
+                if (folder / name).is_dir():
+                    run.log_classifier(folder / name, f"{name}-{role}")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot read it ({err}); run the stage that writes it first (dvc repro)") from None
+
+
+def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer, special, params) -> dict:
+    cfg, ft = params.evaluate, params.finetune
+    metric_names = task_cfg.metrics
+    selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.max_eval_examples)
+    classifiers = {role: TextClassifier.load(folder, device="cpu") for role, folder in models.items()}
+    result = {"metric": metric_names[0], "metrics": metric_names, "splits": {}, "confusion": {}}
+    unlabeled = []
+    for split in task_cfg.eval_splits:
+        rows = read_task(name, task_cfg, max_train=ft.train_limit(name), eval_split=split, **selection)
+        if rows.eval is None:
+            unlabeled.append(split)
+            continue
+        result["label_names"] = rows.label_names
+        labels = [row.label for row in rows.eval]
+        n_classes = len(rows.label_names)
+        scores = {}
+        first = not result["splits"]
+        for role, classifier in classifiers.items():
+            texts = [row.a for row in rows.eval]
+            pairs = [row.b for row in rows.eval] if classifier.pairs else None
+            predicted = classifier.predict_proba(texts, pairs).argmax(axis=1)
+            scores[role] = compute_metrics(metric_names, predicted, labels, n_classes)
+            if first:
+                result["confusion"][role] = confusion(predicted, labels, n_classes)
+        if first and finetuned:
+            for variant, summary in finetuned["variants"].items():
+                scores[variant] = {k: v for m, s in summary.get("eval", {}).items()
+                                   for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
+        scores["tfidf"] = tfidf_scores(rows, metric_names, cfg)
+        full = read_task(name, task_cfg, eval_split=split, **selection)
+        scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
+        prompt = cfg.zero_shot.get(name)
+        if prompt is not None and lm.cfg.causal:
+            predicted = zero_shot(lm, lm_tokenizer, special, rows.eval, template=prompt.template,
+                                  label_words=prompt.label_words, max_len=task_cfg.max_len,
+                                  truncation=task_cfg.truncation)
+            scores["zero_shot"] = compute_metrics(metric_names, predicted, labels, n_classes)
+        result["splits"][split] = {"examples": len(rows.eval), "train_examples": len(rows.train),
+                                   "full_train_examples": len(full.train), "scores": scores}
+        print(f"{name} {split}: " + "; ".join(f"{model} {s[metric_names[0]]:.4f}" for model, s in scores.items()),
+              flush=True)
+    if not result["splits"]:
+        raise UserError(f"tasks.{name}.eval_splits: none of {task_cfg.eval_splits} has labels; "
+                        "name a labeled split to evaluate on")
+    if unlabeled:
+        result["note"] = (f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels.")
+    result["efficiency"] = {role: efficiency(c, models[role], cfg) for role, c in classifiers.items()}
+    if distilled and "teacher" in result["efficiency"] and "student" in result["efficiency"]:
+        first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
+        teacher, student = first_scores["teacher"][metric_names[0]], first_scores["student"][metric_names[0]]
+        result["retained"] = student / teacher if teacher else None
+        result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
+                             / result["efficiency"]["student"]["cpu"]["p50_ms"])
+    return result
+
+
+def tfidf_scores(rows, metric_names, cfg) -> dict:
+    baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
+    return {**baseline["eval"], "c": baseline["c"], "seconds": baseline["seconds"]}
+
+
+def confusion(predicted, labels, n_classes: int) -> list[list[int]]:
+    matrix = [[0] * n_classes for _ in range(n_classes)]
+    for p, y in zip(predicted, labels):
+        matrix[y][int(p)] += 1
+    return matrix
+
+
+def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
+    """Size, and speed on CPU (and on the GPU when there is one) at evaluate.latency_seq_len tokens."""
+    model = classifier.model
+    figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        timing = latency(model, cfg.latency_seq_len, device, repeats=cfg.latency_repeats)
+        figures[device] = {**timing, "throughput": throughput(model, cfg.latency_seq_len, device,
+                                                              batch_size=cfg.throughput_batch),
+                           "batch": cfg.throughput_batch, "seq_len": cfg.latency_seq_len,
+                           "threads": torch.get_num_threads() if device == "cpu" else None}
+    model.to("cpu")
+    return figures
+
+
+def write_outputs(results: dict, args, run) -> None:
+    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names")}
+                              for name, r in results.items()})
+    with atomic_dir(args.plots) as tmp:
+        scores, speed = [], []
+        for name, r in results.items():
+            split = next(iter(r["splits"]))
+            for model, s in r["splits"][split]["scores"].items():
+                scores.append([f"{name}/{model}", s[r["metric"]]])
+            for role, e in r["efficiency"].items():
+                speed.append([f"{name}/{role}", e["cpu"]["p50_ms"], r["splits"][split]["scores"][role][r["metric"]]])
+            for role, matrix in r["confusion"].items():
+                labels = r["label_names"]
+                write_csv(tmp / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
+                          [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
+                           for _ in range(n)])
+        write_csv(tmp / "scores.csv", ["model", "score"], scores)
+        write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
+    with atomic_dir(args.report) as tmp:
+        write_report(results, tmp)
+    parent = run.parent()
+    for target in (run, parent):
+        for path in (args.metrics, args.plots, args.report):
+            target.log_artifact(path, path.name if path.is_dir() else None)
+    parent.log_metrics({f"{name}.{model}.{metric}": value for name, r in results.items()
+                        for model, s in r["splits"][next(iter(r["splits"]))]["scores"].items()
+                        for metric, value in s.items() if metric in r["metrics"]})
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,147 @@
+"""TextClassifier on raw strings: the same predictions as the in-pipeline forward, pairs, input errors,
+importable without MLflow; and the pyfunc model through `mlflow models predict`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.config import SpecialTokens, TokenizerConfig
+from lib.errors import UserError
+from lib.model import Transformer, TransformerConfig
+from lib.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
+from lib.tasks import Example, collate, encode
+from lib.tokenizer import load_tokenizer, special_ids, train_tokenizer
+
+LABELS = ["negative", "neutral", "positive"]
+MAX_LEN = 16
+CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
+          "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
+TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
+         "bad acting", "a long ending with good friends", "the plot"]  # one longer than MAX_LEN, one empty
+
+
+def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pair_field: str | None) -> Path:
+    torch.manual_seed(0)
+    vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size()
+    backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                                             dropout=0.0, max_positions=MAX_LEN))
+    model = Classifier(backbone, HeadConfig(len(LABELS), hidden=16, dropout=0.0))
+    for weight in (p for p in model.parameters() if p.dim() > 1):  # untrained, but texts get different labels
+        torch.nn.init.normal_(weight, std=0.3)
+    encoding = {"max_len": MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pair_field else "text",
+                "text_pair_field": pair_field}
+    save_classifier(model, out_dir, tokenizer_dir, {"label_names": LABELS, "encoding": encoding})
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("predict")
+    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), root / "tok")
+    return {"tok": root / "tok", "single": save_tiny_classifier(root / "single", root / "tok", None),
+            "pair": save_tiny_classifier(root / "pair", root / "tok", "hypothesis")}
+
+
+def forward_labels(model_dir: Path, texts: list[str], pairs: list[str] | None) -> tuple[list[str], np.ndarray]:
+    """Labels and probabilities as the finetune stage computes them: encode, one padded batch, argmax."""
+    model, info = load_classifier(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    special = special_ids(tokenizer, SpecialTokens())
+    ids, segments, truncated = encode(tokenizer, texts, pairs, MAX_LEN, "head_tail", special["bos"], special["eos"])
+    assert truncated >= 1
+    batch = collate([Example(i, s, 0) for i, s in zip(ids, segments)], special["pad"])
+    with torch.no_grad():
+        logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+    return [info["label_names"][i] for i in logits.argmax(-1)], torch.softmax(logits, -1).numpy()
+
+
+def test_predictions_equal_the_classifier_forward_in_input_order(folders):
+    clf = TextClassifier.load(folders["single"], device="cpu")
+    expected, probabilities = forward_labels(folders["single"], TEXTS, None)
+    assert len(set(expected)) > 1  # else order and argmax would go untested
+    assert clf.predict(TEXTS, batch_size=3) == expected  # batches sorted by length, then put back in order
+    proba = clf.predict_proba(TEXTS, batch_size=3)
+    assert proba.shape == (len(TEXTS), len(LABELS)) and proba.dtype == np.float32
+    np.testing.assert_allclose(proba, probabilities, atol=1e-5)
+    np.testing.assert_allclose(proba.sum(1), 1, atol=1e-6)
+    assert clf.predict([]) == [] and clf.predict_proba([]).shape == (0, len(LABELS))
+
+
+def test_pair_classifier_reads_text_pairs(folders):
+    clf = TextClassifier.load(folders["pair"], device="auto")
+    seconds = list(reversed(TEXTS))
+    expected, _ = forward_labels(folders["pair"], TEXTS, seconds)
+    assert clf.pairs and clf.predict(TEXTS, seconds, batch_size=2) == expected
+
+
+@pytest.mark.parametrize("folder, call, message", [
+    ("tok", lambda clf: None, "not a classifier folder"),
+    ("pair", lambda clf: clf.predict(["a premise"]), "pass the second texts as text_pairs="),
+    ("single", lambda clf: clf.predict(["a"], text_pairs=["b"]), "leave text_pairs out"),
+    ("single", lambda clf: clf.predict(["fine", None]), "texts[1] is NoneType, not str"),
+    ("single", lambda clf: clf.predict("one text"), "wrap a single text in a list"),
+    ("pair", lambda clf: clf.predict(["a", "b"], ["c"]), "2 texts but 1 text_pairs"),
+])
+def test_bad_input_is_one_user_error_line(folders, folder, call, message):
+    with pytest.raises(UserError) as err:
+        call(TextClassifier.load(folders[folder]))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_folder_without_encoding_is_refused(folders, tmp_path):
+    model, _ = load_classifier(folders["single"])
+    save_classifier(model, tmp_path / "old", folders["tok"], {"label_names": LABELS})
+    with pytest.raises(UserError, match="re-run the finetune stage"):
+        TextClassifier.load(tmp_path / "old")
+
+
+def test_predict_imports_and_runs_without_mlflow_or_pandas(folders):
+    code = ("import sys; sys.modules['mlflow'] = sys.modules['pandas'] = None\n"  # None: any import fails
+            "from lib.predict import TextClassifier\n"
+            f"print(TextClassifier.load({str(folders['single'])!r}).predict(['I loved it']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() in {str([label]) for label in LABELS}
+
+
+def test_logged_pyfunc_predicts_like_text_classifier_from_the_cli(folders, tmp_path, monkeypatch):
+    import mlflow
+    import pandas as pd
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    experiment = mlflow.create_experiment("predict", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment):
+        uri = log_pyfunc(folders["single"], "classifier")
+    clf = TextClassifier.load(folders["single"])
+
+    loaded = mlflow.pyfunc.load_model(uri)
+    frame = loaded.predict(pd.DataFrame({"text": TEXTS}))
+    assert list(frame.columns) == ["label"] + [f"{PROBABILITY_PREFIX}{label}" for label in LABELS]
+    assert frame["label"].tolist() == clf.predict(TEXTS)
+    np.testing.assert_allclose(frame.iloc[:, 1:].to_numpy(), clf.predict_proba(TEXTS), atol=1e-6)
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text().split()
+    assert f"torch=={torch.__version__.split('+')[0]}" in requirements
+
+    # A fresh process, outside the project: `lib` comes from the model's own code_paths copy.
+    (tmp_path / "input.json").write_text(json.dumps({"dataframe_split": {"columns": ["text"],
+                                                                          "data": [[t] for t in TEXTS]}}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-m", "mlflow", "models", "predict", "-m", uri, "-i", "input.json",
+                             "-o", "output.json", "-t", "json", "--env-manager", "local"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    predictions = json.loads((tmp_path / "output.json").read_text())["predictions"]
+    assert [row["label"] for row in predictions] == clf.predict(TEXTS)
+
+
+def test_log_pyfunc_needs_an_active_run(folders):
+    with pytest.raises(UserError, match="start_run"):
+        log_pyfunc(folders["single"], "classifier")

@@ -1,0 +1,43 @@
+"""The evaluate stage's report: markdown tables and figures from a results dict shaped like evaluate's."""
+from lib.report import fmt, markdown, write_report
+
+CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128, "threads": 2}
+RESULTS = {
+    "imdb": {
+        "metric": "accuracy", "metrics": ["accuracy"], "label_names": ["negative", "positive"],
+        "splits": {"test": {"examples": 100, "scores": {
+            "teacher": {"accuracy": 0.84}, "student": {"accuracy": 0.83},
+            "ulmfit": {"accuracy": 0.8, "accuracy_std": 0.01}, "tfidf": {"accuracy": 0.86, "c": 4.0}}}},
+        "confusion": {"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]},
+        "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU},
+                       "student": {"params": 600, "disk_bytes": 2_400_000, "cpu": {**CPU, "p50_ms": 5.0}}},
+        "retained": 0.83 / 0.84, "speedup": 2.0},
+    "rte": {
+        "metric": "accuracy", "metrics": ["accuracy"], "note": "Evaluated on validation: test_unlabeled has no labels.",
+        "splits": {"validation": {"examples": 30, "scores": {"tfidf": {"accuracy": 0.5}}}},
+        "confusion": {}, "efficiency": {}},
+}
+
+
+def test_fmt_shows_percent_and_std():
+    assert fmt({"accuracy": 0.8, "accuracy_std": 0.012}, "accuracy") == "80.0 ± 1.2"
+    assert fmt({"mcc": 0.115}, "mcc") == "11.5"
+    assert fmt(None, "accuracy") == "–" and fmt({"f1": 0.5}, "accuracy") == "–"
+
+
+def test_markdown_tables_name_every_model_and_the_student_figures():
+    text = markdown(RESULTS, ["scores.png"])
+    assert "| teacher (best finetuned) | 84.0 |" in text
+    assert "| ULMFiT (adapted LM) | 80.0 ± 1.0 |" in text
+    assert "| TF-IDF + LR (same train) | 86.0 |" in text
+    assert "keeps **98.8%** of the teacher's accuracy and is **2.00x** as fast" in text
+    assert "| student (distilled) | 600 | 2.4 MB | 5.0 / 12.5 | 150 |" in text
+    assert "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
+
+
+def test_write_report_writes_summary_and_figures(tmp_path):
+    written = write_report(RESULTS, tmp_path)
+    names = {p.name for p in written}
+    assert names == {"summary.md", "scores.png", "speed.png", "confusion_imdb.png"}
+    assert all((tmp_path / n).stat().st_size > 0 for n in names)
+    assert (tmp_path / "scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
