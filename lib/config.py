@@ -332,6 +332,8 @@ class FinetuneConfig:
     cut_frac: float = 0.1
     stlr_ratio: float = 32.0
     unfreeze_every: int = 0  # ulmfit: steps between unfreezing the next group from the top; 0 = every epoch
+    gradual_unfreezing: bool = True  # ulmfit; false trains every group from the first step (ablation)
+    stlr: bool = True  # ulmfit's schedule; false: warmup_frac warmup then linear decay, as plain (ablation)
     plain_lr: float = 1e-3  # plain
     scratch_lr: float = 1e-3  # from_scratch: random weights need a larger LR than pretrained ones
     warmup_frac: float = 0.1  # plain, from_scratch, frozen: linear warmup, then linear decay to 0

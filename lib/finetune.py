@@ -75,7 +75,8 @@ def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfi
     plain = warmup_linear(cfg.warmup_frac)
     if variant == "ulmfit":
         stlr = lambda total, _: slanted_triangular(total, cfg.cut_frac, cfg.stlr_ratio)  # noqa: E731
-        return Setup(Classifier(backbone, concat), cfg.lr, cfg.lr_decay, stlr, unfreeze=True, epochs=cfg.epochs)
+        return Setup(Classifier(backbone, concat), cfg.lr, cfg.lr_decay, stlr if cfg.stlr else plain,
+                     unfreeze=cfg.gradual_unfreezing, epochs=cfg.epochs)
     if variant == "plain":
         return Setup(Classifier(backbone, token), cfg.plain_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
     if variant == "from_scratch":

@@ -96,6 +96,18 @@ def test_ulmfit_lrs_and_gradual_unfreezing():
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.groups[0]))  # nothing trained yet here
 
 
+def test_ulmfit_ablation_switches():
+    task = toy_task()
+    cfg = dataclasses.replace(CFG, gradual_unfreezing=False, stlr=False, warmup_frac=0.5)
+    plan = setup("ulmfit", backbone(), 2, cfg)
+    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    assert all(p.requires_grad for g in trainer.groups for p in g)  # every group trains from the first step
+    total = trainer.steps_per_epoch * cfg.epochs
+    assert plan.schedule(total, 0)(0) == pytest.approx(1 / round(total * 0.5))  # warmup from near 0, not STLR's 1/32
+    stlr = setup("ulmfit", backbone(), 2, CFG).schedule(total, 0)
+    assert stlr(0) == pytest.approx(1 / CFG.stlr_ratio)
+
+
 @pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen"])
 def test_every_variant_learns_the_toy_task(variant):
     result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), CFG, IMPL,
