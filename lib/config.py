@@ -491,10 +491,6 @@ class Params:
             if seq_len > self.model.max_positions:
                 raise ParamsError(f"{name}.seq_len: {seq_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it or raise model.max_positions")
-        if isinstance(self.finetune.max_train_examples, dict):
-            for task in self.finetune.max_train_examples:
-                if task not in self.finetune.tasks:
-                    raise ParamsError(f"finetune.max_train_examples.{task}: '{task}' is not in finetune.tasks")
         for i, task in enumerate(self.finetune.tasks):
             if task not in self.tasks:
                 close = difflib.get_close_matches(task, self.tasks, n=1)
@@ -503,6 +499,10 @@ class Params:
             if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
+        if isinstance(self.finetune.max_train_examples, dict):
+            for task in self.finetune.max_train_examples:
+                if task not in self.finetune.tasks:
+                    raise ParamsError(f"finetune.max_train_examples.{task}: '{task}' is not in finetune.tasks")
         for i, task in enumerate(self.distill.tasks):
             if task not in self.finetune.tasks:
                 raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "

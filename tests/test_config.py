@@ -64,6 +64,7 @@ def test_seq_len_above_max_positions(chdir_root, tmp_path, default_params):
 
 def test_heads_must_divide_width(chdir_root, tmp_path, default_params):
     default_params["model"]["n_heads"] = 5
+    default_params["model"]["d_model"] = 256
     assert "model.n_heads: 5 must divide model.d_model (256)" in error_of(tmp_path, default_params)
 
 
