@@ -51,6 +51,9 @@ def markdown(results: dict[str, Any], figures: list[str]) -> str:
         lines += [f"## {task}", ""]
         if r.get("note"):
             lines += [r["note"], ""]
+        if r.get("teacher"):
+            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r['teacher']['variant']}` "
+                      f"(seed {r['teacher']['seed']}); the student is distilled from it.", ""]
         splits = list(r["splits"])
         lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r["metrics"]) + " |",
                   "|---|" + "---:|" * (len(splits) * len(r["metrics"]))]

@@ -21,6 +21,7 @@ import torch
 
 from lib import tracking
 from lib.baselines import tfidf_baseline, zero_shot
+from lib.classifier import META_FILE
 from lib.config import load_params
 from lib.efficiency import latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
@@ -81,6 +82,9 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.max_eval_examples)
     classifiers = {role: TextClassifier.load(folder, device="cpu") for role, folder in models.items()}
     result = {"metric": metric_names[0], "metrics": metric_names, "splits": {}, "confusion": {}}
+    if "teacher" in models:
+        info = json.loads((models["teacher"] / META_FILE).read_text(encoding="utf-8"))
+        result["teacher"] = {"variant": info["variant"], "seed": info["seed"]}
     unlabeled = []
     for split in task_cfg.eval_splits:
         rows = read_task(name, task_cfg, max_train=ft.train_limit(name), eval_split=split, **selection)
@@ -105,7 +109,8 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
                                    for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
         scores["tfidf"] = tfidf_scores(rows, metric_names, cfg)
         full = read_task(name, task_cfg, eval_split=split, **selection)
-        scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
+        if len(full.train) > len(rows.train):  # finetuning used a subset: show what all of train gives
+            scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
             predicted = zero_shot(lm, lm_tokenizer, special, rows.eval, template=prompt.template,

@@ -11,7 +11,7 @@ RESULTS = {
         "confusion": {"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]},
         "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU},
                        "student": {"params": 600, "disk_bytes": 2_400_000, "cpu": {**CPU, "p50_ms": 5.0}}},
-        "retained": 0.83 / 0.84, "speedup": 2.0},
+        "retained": 0.83 / 0.84, "speedup": 2.0, "teacher": {"variant": "plain", "seed": 1338}},
     "rte": {
         "metric": "accuracy", "metrics": ["accuracy"], "note": "Evaluated on validation: test_unlabeled has no labels.",
         "splits": {"validation": {"examples": 30, "scores": {"tfidf": {"accuracy": 0.5}}}},
@@ -32,7 +32,7 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
     assert "| TF-IDF + LR (same train) | 86.0 |" in text
     assert "keeps **98.8%** of the teacher's accuracy and is **2.00x** as fast" in text
     assert "| student (distilled) | 600 | 2.4 MB | 5.0 / 12.5 | 150 |" in text
-    assert "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
+    assert "`plain` (seed 1338)" in text and "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
 
 
 def test_write_report_writes_summary_and_figures(tmp_path):
