@@ -227,8 +227,12 @@ class MLMConfig:
     span: bool = False  # SpanBERT: select spans of geometric length
     span_p: float = 0.2  # geometric parameter of span lengths (mean 1/p, clipped to span_max)
     span_max: int = 10
+    sentence: Literal["none", "sop", "nsp"] = "none"  # a sentence-level task beside masked LM (objective: mlm)
+    sentence_weight: float = 1.0  # its loss weight
 
     def validate(self, key: str) -> None:
+        if self.sentence_weight <= 0:
+            raise ParamsError(f"{key}.sentence_weight: {self.sentence_weight} must be > 0")
         if not 0.0 < self.mask_rate < 1.0:
             raise ParamsError(f"{key}.mask_rate: {self.mask_rate} must be in (0, 1)")
         if self.mask_token < 0 or self.random_token < 0 or self.mask_token + self.random_token > 1.0:
@@ -517,6 +521,9 @@ class Params:
             if names is not None and len(names) != len(prompt.label_words):
                 raise ParamsError(f"evaluate.zero_shot.{task}.label_words: {len(prompt.label_words)} words for "
                                   f"{len(names)} labels ({names})")
+        if self.mlm.sentence != "none" and (self.objective != "mlm" or self.model.segment_vocab < 2):
+            raise ParamsError(f"mlm.sentence: {self.mlm.sentence} needs objective: mlm and model.segment_vocab >= 2 "
+                              f"(they are {self.objective} and {self.model.segment_vocab}); set mlm.sentence: none")
         if self.finetune.aux_lm_weight > 0 and self.objective != "clm":
             raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
                               f"(objective: clm), not {self.objective}; set it to 0")

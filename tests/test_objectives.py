@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from lib.config import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params
 from lib.errors import UserError
 from lib.model import Transformer
-from lib.objectives import OBJECTIVES, Objective, build_objective
+from lib.objectives import OBJECTIVES, Objective, build_objective, objective_extras
 from lib.objectives.electra import Electra
+from lib.objectives.sentence import sentence_pairs
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 VOCAB = 60
@@ -255,3 +256,64 @@ def test_electra_builds_on_model_variants(variant):
     loss, _ = objective(*structured_batch())
     loss.backward()
     assert torch.isfinite(loss) and objective.generator.embeddings is objective.discriminator.embeddings
+
+
+# Sentence-level tasks (SOP, NSP) on top of mlm ---------------------------------------------------
+
+def pair_parts(ids: list[int]) -> tuple[list[int], list[int]]:
+    """(A, B) of one row laid out as [bos] A [eos] B [eos] pad..."""
+    assert ids[0] == SPECIAL["bos"]
+    first = ids.index(SPECIAL["eos"])
+    second = ids.index(SPECIAL["eos"], first + 1)
+    assert all(t == SPECIAL["pad"] for t in ids[second + 1:])
+    return ids[1:first], ids[first + 1:second]
+
+
+@pytest.mark.parametrize("task", ["sop", "nsp"])
+def test_sentence_pairs_cut_one_document_and_label_the_flips(task):
+    torch.manual_seed(0)
+    tokens, word_starts = structured_batch(rows=64)  # eos at 13: the longest stretch is 14..32
+    pairs = sentence_pairs(tokens, word_starts, task, SPECIAL, 32)
+    assert pairs.tokens.shape == (64, 32) and set(pairs.labels.tolist()) == {0, 1}
+    for r in range(64):
+        ids = pairs.tokens[r].tolist()
+        a, b = pair_parts(ids)
+        stretch = tokens[r, 14:14 + 29].tolist()  # 32 - 3 tokens of room for text
+        n = 1 + len(a) + 1 + len(b) + 1
+        assert pairs.attention_mask[r].tolist() == [True] * n + [False] * (32 - n)
+        assert pairs.segments[r, :n].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        assert a and b
+        if pairs.labels[r] == 0:
+            assert a + b == stretch  # in order, cut once, never across the eos at 13
+        elif task == "sop":
+            assert b + a == stretch
+        else:
+            assert a == stretch[: len(a)] and b == tokens[(r + 1) % 64, 14:14 + len(b)].tolist()
+
+
+def test_sentence_pairs_skip_windows_without_room_to_cut():
+    row = torch.tensor([[7, SPECIAL["eos"], 8, SPECIAL["eos"], 9, SPECIAL["eos"]]])
+    pairs = sentence_pairs(row, torch.ones_like(row, dtype=torch.bool), "sop", SPECIAL, 5)
+    assert pairs.labels.tolist() == [-100]
+    assert pairs.tokens[0].tolist() == [SPECIAL["bos"], 7, SPECIAL["eos"], SPECIAL["pad"], SPECIAL["pad"]]
+
+
+@pytest.mark.parametrize("task", ["sop", "nsp"])
+def test_mlm_with_a_sentence_task_trains_its_head_outside_the_backbone(task):
+    objective = build("mlm", mlm=MLMConfig(sentence=task))
+    tokens, word_starts = structured_batch()
+    loss, metrics = objective(tokens, word_starts)
+    assert set(metrics) == {"loss", "accuracy", "mlm_loss", f"{task}_loss", f"{task}_accuracy"}
+    assert metrics["loss"].item() == pytest.approx((metrics["mlm_loss"] + metrics[f"{task}_loss"]).item(), rel=1e-5)
+    loss.backward()
+    assert all(p.grad is not None for p in objective.sentence_head.parameters())
+    backbone = {id(p) for p in objective.backbone().parameters()}
+    assert not backbone & {id(p) for p in objective.sentence_head.parameters()}
+    assert any(name.startswith("sentence_head") for name in objective_extras(objective))
+
+
+def test_sop_is_learnable():
+    """Rows count up, so the order of two pieces is visible: SOP accuracy must rise well above chance."""
+    objective = build("mlm", mlm=MLMConfig(sentence="sop", mask_rate=0.05))
+    history = train(objective, 400, 3e-3)
+    assert mean(history[:40], "sop_accuracy") < 0.7 and mean(history[-40:], "sop_accuracy") > 0.85

@@ -4,16 +4,24 @@ A bidirectional Transformer reads tokens[:, :-1] corrupted by `masking.mask_toke
 words or SpanBERT spans, 80/10/10 by default; new masks on every call) and predicts the original ids
 at the selected positions only: the hidden states there are gathered first, so the vocabulary
 projection runs on ~15% of the positions. Metrics: loss and accuracy over the selected positions.
+
+With `mlm.sentence` (sop | nsp) each window is first made a sentence pair (lib/objectives/sentence.py)
+and a head on the [CLS] state (BERT's pooler: dense, tanh, then 2 classes) learns the sentence task;
+the loss is the masked-LM loss + sentence_weight x the sentence loss. The head is part of the
+objective, not of the backbone that later stages finetune.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from lib.config import Params
-from lib.model import Transformer, TransformerConfig
+from lib.model import Transformer, TransformerConfig, init_weights
 from lib.objectives import Objective, register
-from lib.objectives.masking import Masked, mask_tokens
+from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
+from lib.objectives.sentence import Pairs, sentence_pairs
 
 
 @register
@@ -25,11 +33,31 @@ class MaskedLM(Objective):
         super().__init__(params, vocab_size, special_ids)
         self.masking = params.mlm
         self.model = Transformer(TransformerConfig.from_params(params.model, vocab_size, causal=self.causal))
+        if self.masking.sentence != "none":
+            width = self.model.cfg.d_model
+            self.sentence_head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))
+            self.sentence_head.apply(init_weights)
 
     def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
-        loss, accuracy, _ = masked_lm_loss(self.model, self.model(masked.inputs), masked)
-        return loss, {"loss": loss.detach(), "accuracy": accuracy}
+        if self.masking.sentence == "none":
+            masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
+            loss, accuracy, _ = masked_lm_loss(self.model, self.model(masked.inputs), masked)
+            return loss, {"loss": loss.detach(), "accuracy": accuracy}
+        task = self.masking.sentence
+        pairs = sentence_pairs(tokens.cpu(), word_starts.cpu(), task, self.special_ids, tokens.shape[1] - 1)
+        pairs = Pairs(*(getattr(pairs, f.name).to(tokens.device, non_blocking=True) for f in dataclasses.fields(pairs)))
+        masked = mask_tokens(pairs.tokens, pairs.word_starts, self.special_ids, self.vocab_size, self.masking)
+        hidden = self.model(masked.inputs, pairs.segments, pairs.attention_mask)
+        mlm_loss, accuracy, _ = masked_lm_loss(self.model, hidden, masked)
+        logits = self.sentence_head(hidden[:, 0]).float()
+        paired = pairs.labels != IGNORE_INDEX
+        # a batch with no pair (every window too short to cut) still backpropagates through the head
+        sentence_loss = F.cross_entropy(logits[paired], pairs.labels[paired]) if paired.any() else logits.sum() * 0
+        sentence_accuracy = (logits[paired].argmax(-1) == pairs.labels[paired]).float().mean() if paired.any() \
+            else logits.new_zeros(())
+        loss = mlm_loss + self.masking.sentence_weight * sentence_loss
+        return loss, {"loss": loss.detach(), "accuracy": accuracy, "mlm_loss": mlm_loss.detach(),
+                      f"{task}_loss": sentence_loss.detach(), f"{task}_accuracy": sentence_accuracy.detach()}
 
     def backbone(self) -> Transformer:
         return self.model
