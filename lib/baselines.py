@@ -25,10 +25,9 @@ import scipy.sparse as sp
 import torch
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import confusion_matrix
 
 from lib.model import Transformer
-from lib.tasks import Row, TaskRows, TRUNCATIONS, _cut, _pair_lengths, compute_metrics
+from lib.tasks import Row, TaskRows, TRUNCATIONS, _cut, _pair_lengths, compute_metrics, confusion_matrix
 
 WORD = re.compile(r"\w+")
 FIELDS = re.compile(r"(\{text\}|\{text_pair\})")  # the placeholders of a zero-shot template
@@ -82,7 +81,7 @@ def tfidf_baseline(rows: TaskRows, metrics: list[str], *, word_ngrams: tuple[int
     if rows.eval is not None:
         predicted = best_model.predict(features[2])
         evaluation = compute_metrics(metrics, predicted, labels[2], n_classes)
-        confusion = confusion_matrix(labels[2], predicted, labels=list(range(n_classes))).tolist()
+        confusion = confusion_matrix(predicted, labels[2], n_classes).tolist()
     return {"dev": dev, "eval": evaluation, "confusion": confusion, "c": best_c,
             "features": int(features[0].shape[1]), "seconds": time.perf_counter() - start}
 

@@ -1,13 +1,17 @@
-"""Training checkpoints: written atomically, resumed only by a run of the same configuration.
+"""Training checkpoints: written atomically, checksummed, resumed only by a run of the same configuration.
 
-A checkpoint folder holds the module's weights (safetensors), the optimizer, scheduler and RNG
-states (torch), and the trainer's state (JSON) with a fingerprint of everything that determines the
-run. A run whose fingerprint differs (other params, other data) starts fresh and says so.
+A run's checkpoint directory holds its last KEEP checkpoints, `ckpt-000001`, `ckpt-000002`, ...; each
+is a folder with the module's weights (safetensors), the optimizer, scheduler and every rank's RNG
+states (torch), the trainer's state (JSON) with a fingerprint of everything that determines the run,
+and a manifest of the files' SHA-256 sums, which is written last. Loading takes the newest checkpoint
+whose files match their sums; a truncated or corrupted one is reported in one line and the one before
+it is used. A run whose fingerprint differs (other params, other data) starts fresh and says so.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,8 @@ from lib.config import flatten
 from lib.errors import describe
 from lib.io import atomic_dir, write_json
 
-WEIGHTS, TRAIN_STATE, STATE = "module.safetensors", "train_state.pt", "state.json"
+WEIGHTS, TRAIN_STATE, STATE, MANIFEST = "module.safetensors", "train_state.pt", "state.json", "manifest.json"
+PREFIX, KEEP = "ckpt-", 2
 
 
 def fingerprint(stage_params: dict[str, Any], **facts: Any) -> str:
@@ -30,37 +35,86 @@ def fingerprint(stage_params: dict[str, Any], **facts: Any) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, state: dict[str, Any]) -> None:
+def rng_state() -> dict[str, Any]:
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """The checkpoint folders in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def save_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, state: dict[str, Any], rng: list[dict[str, Any]] | None = None) -> Path:
+    """A new checkpoint in `directory` (all of it or nothing), then all but the newest KEEP removed.
+    `rng`: every rank's RNG states (rank order); None = this process's."""
+    existing = checkpoints(directory)
+    number = int(existing[-1].name[len(PREFIX):]) + 1 if existing else 1
+    path = directory / f"{PREFIX}{number:06d}"
     with atomic_dir(path) as tmp:
         save_model(module, str(tmp / WEIGHTS))
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng},
-                   tmp / TRAIN_STATE)
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": rng if rng is not None else [rng_state()]}, tmp / TRAIN_STATE)
         write_json(tmp / STATE, state)
+        write_json(tmp / MANIFEST, {name: file_sha256(tmp / name) for name in (WEIGHTS, TRAIN_STATE, STATE)})
+    for old in checkpoints(directory)[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
-def load_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    fingerprint: str, device: torch.device) -> dict[str, Any] | None:
-    """Restore everything saved by save_checkpoint and return the trainer state; None (start fresh)
-    when there is no checkpoint, or it belongs to another configuration, or cannot be read."""
-    if not (path / STATE).exists():
-        return None
+def verify(path: Path) -> str | None:
+    """None when every file of the checkpoint matches its manifest, else what is wrong, in a few words."""
     try:
-        state = json.loads((path / STATE).read_text())
-        if state.get("fingerprint") != fingerprint:
-            print(f"checkpoint {path} is from another configuration: starting fresh", file=sys.stderr)
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        return f"no readable manifest ({describe(err)})"
+    for name, expected in manifest.items():
+        try:
+            if file_sha256(path / name) != expected:
+                return f"{name} does not match its checksum"
+        except OSError as err:
+            return f"{name}: {describe(err)}"
+    return None
+
+
+def load_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    fingerprint: str, device: torch.device, rank: int = 0) -> dict[str, Any] | None:
+    """Restore the newest good checkpoint of `directory` and return the trainer state it saved; None
+    (start fresh) when there is none, or it belongs to another configuration. A corrupted checkpoint
+    is reported and skipped for the one before it."""
+    for path in reversed(checkpoints(directory)):
+        problem = verify(path)
+        if problem is not None:
+            print(f"checkpoint {path} is corrupted ({problem}): trying the one before it", file=sys.stderr)
+            continue
+        try:
+            state = json.loads((path / STATE).read_text())
+            if state.get("fingerprint") != fingerprint:
+                print(f"checkpoint {path} is from another configuration: starting fresh", file=sys.stderr)
+                return None
+            load_model(module, str(path / WEIGHTS), device=str(device))
+            saved = torch.load(path / TRAIN_STATE, map_location=device, weights_only=True)
+            rng = saved["rng"][rank]
+        except Exception as err:  # a foreign file with a valid manifest: the run can still start over
+            print(f"checkpoint {path} cannot be read ({describe(err)}): starting fresh", file=sys.stderr)
             return None
-        load_model(module, str(path / WEIGHTS), device=str(device))
-        saved = torch.load(path / TRAIN_STATE, map_location=device, weights_only=True)
-    except Exception as err:  # a torn or foreign file: the run can still start over
-        print(f"checkpoint {path} cannot be read ({describe(err)}): starting fresh", file=sys.stderr)
-        return None
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    torch.set_rng_state(saved["rng"]["torch"].cpu())
-    if "cuda" in saved["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in saved["rng"]["cuda"]])
-    return state
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(rng["torch"].cpu())
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        return state
+    return None

@@ -17,16 +17,18 @@ from lib.packed import PackedTokens
 class WindowBatches:
     """Random windows of `window` tokens (with their word-start flags) from one packed split."""
 
-    def __init__(self, packed: PackedTokens, window: int, batch_size: int, seed: int, name: str = "train"):
+    def __init__(self, packed: PackedTokens, window: int, batch_size: int, seed: int, name: str = "train",
+                 rows: slice = slice(None)):
+        """`rows`: the part of every batch this process reads (its rank's share under torchrun)."""
         if packed.n_tokens < window:
             raise UserError(f"{name}: {packed.n_tokens} tokens, fewer than one window of {window}; "
                             "use more data or a smaller seq_len")
-        self.packed, self.window, self.batch_size, self.seed = packed, window, batch_size, seed
+        self.packed, self.window, self.batch_size, self.seed, self.rows = packed, window, batch_size, seed, rows
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([self.seed, step, micro])
         starts = rng.integers(0, self.packed.n_tokens - self.window + 1, size=self.batch_size)
-        return windows(self.packed, starts, self.window)
+        return windows(self.packed, starts[self.rows], self.window)
 
 
 def fixed_windows(packed: PackedTokens, window: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

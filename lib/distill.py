@@ -196,7 +196,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
-    checkpoint, best_path = checkpoint_dir / "last", checkpoint_dir / BEST_WEIGHTS
+    checkpoint, best_path = checkpoint_dir / "epochs", checkpoint_dir / BEST_WEIGHTS
     state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, device)
     if state is None or not best_path.is_file():
         state = {"fingerprint": fingerprint, "epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,

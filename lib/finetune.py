@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
 from lib.model import Transformer
-from lib.tasks import Batch, Example, TaskData, batches, compute_metrics
+from lib.tasks import Batch, Example, TaskData, batches, compute_metrics, confusion_matrix
 from lib.trainer import autocast, discriminative_groups, slanted_triangular, warmup_decay
 
 
@@ -281,6 +281,4 @@ def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str
     values = compute_metrics(metrics, predicted, truth, n_classes)
     if not with_confusion:
         return values
-    confusion = torch.zeros(n_classes, n_classes, dtype=torch.long)
-    confusion.index_put_((truth, predicted), torch.ones_like(truth), accumulate=True)
-    return values, confusion.tolist()
+    return values, confusion_matrix(predicted, truth, n_classes).tolist()

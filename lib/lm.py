@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from lib import distributed
 from lib.checkpoint import fingerprint
 from lib.config import Params, TrainConfig
 from lib.data import WindowBatches, fixed_windows
@@ -44,11 +45,15 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
                          measure_before: bool = False) -> dict[str, Any]:
     """Train `objective` to cfg's budget and write the stage's outputs; returns the metrics written.
     `run` is the stage's tracking.StageRun. With measure_before, the validation metrics of the
-    weights as loaded are reported too, as `before_val_*`."""
+    weights as loaded are reported too, as `before_val_*`. Under torchrun every rank trains its share
+    of each batch and rank 0 alone writes."""
     device = resolve_device(params.device)
+    context = distributed.setup(device.type)
+    device = distributed.device_for(context, device)
     train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
     window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
-    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"))
+    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
+                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"))
     valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches)
     transformers = [m for m in objective.modules() if isinstance(m, Transformer)]
     flops_per_token = sum(m.flops_per_token(cfg.seq_len) for m in transformers)
@@ -56,12 +61,16 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     run_id = fingerprint(stage_params, tokenizer=tokenizer,
                          data=[[s.n_tokens, s.n_docs] for s in (train_tokens, valid_tokens)])
     trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
-                      params.seed, flops_per_token, callbacks=(run, ConsoleLog()), layer_groups=layer_groups)
+                      params.seed, flops_per_token, callbacks=(run, ConsoleLog()) if context.main else (),
+                      layer_groups=layer_groups, context=context)
     before = {}
     if measure_before:
         before = {f"before_val_{k}": v for k, v in trainer.evaluate().items()}
-        print(f"before {stage}: " + "  ".join(f"{k[11:]} {v:.4f}" for k, v in before.items()), flush=True)
+        if context.main:
+            print(f"before {stage}: " + "  ".join(f"{k[11:]} {v:.4f}" for k, v in before.items()), flush=True)
     state = trainer.fit()
+    if not context.main:
+        return {}
     save_model_folder(objective, paths.tokenizer, paths.out)
     final = next(row for row in reversed(state.history) if "val_loss" in row)
     metrics = {**before, **{k: v for k, v in final.items() if k.startswith("val_")},

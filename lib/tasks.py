@@ -373,13 +373,18 @@ def compute_metrics(names: Sequence[str], predictions, labels, n_classes: int) -
     unknown = [name for name in names if name not in METRICS]
     if unknown:
         raise ValueError(f"unknown metric '{unknown[0]}'; known: {', '.join(METRICS)}")
+    confusion = confusion_matrix(predictions, labels, n_classes)
+    return {name: float(METRICS[name](confusion.astype(np.float64))) for name in names}
+
+
+def confusion_matrix(predictions, labels, n_classes: int) -> np.ndarray:
+    """n_classes x n_classes counts, rows = true class, columns = predicted class."""
     predicted, true = _as_array(predictions), _as_array(labels)
     if predicted.shape != true.shape or predicted.ndim != 1 or not len(true):
         raise ValueError(f"need two non-empty 1-D sequences of the same length, got {predicted.shape}, {true.shape}")
     if min(predicted.min(), true.min()) < 0 or max(predicted.max(), true.max()) >= n_classes:
         raise ValueError(f"class indices must be in 0..{n_classes - 1}")
-    confusion = np.bincount(true * n_classes + predicted, minlength=n_classes**2).reshape(n_classes, n_classes)
-    return {name: float(METRICS[name](confusion.astype(np.float64))) for name in names}
+    return np.bincount(true * n_classes + predicted, minlength=n_classes**2).reshape(n_classes, n_classes)
 
 
 def _as_array(values) -> np.ndarray:

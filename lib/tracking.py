@@ -217,7 +217,7 @@ def stage_run(stage: str, cfg: TrackingConfig, all_params: Any, stage_params: di
     """Open this stage's run (under its pipeline's parent), log its params, and end it with the
     stage's status. `all_params` go on the parent, `stage_params` (what the stage reads) on the run."""
     run = StageRun()
-    if cfg.enabled:
+    if cfg.enabled and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone logs
         try:
             run = _open_run(stage, cfg, all_params)
         except Exception as err:

@@ -19,9 +19,11 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib import distributed
+from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches
+from lib.distributed import Context
 from lib.errors import UserError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -121,8 +123,11 @@ class Trainer:
     def __init__(self, module: nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
                  train: WindowBatches, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
                  seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = (),
-                 layer_groups: list[list[nn.Parameter]] | None = None):
+                 layer_groups: list[list[nn.Parameter]] | None = None, context: Context = Context()):
+        """Under torchrun (context.active) `train` must read this rank's share of each batch, and
+        only rank 0 should get callbacks; checkpoints are written by rank 0."""
         self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
+        self.context = context
         self.train, self.valid, self.seed = train, valid, seed
         self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
         self.step_tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
@@ -130,24 +135,30 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(param_groups(module, cfg, layer_groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=cfg.eps, fused=device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
+        self.synced = module
+        if context.active:
+            # find_unused_parameters: an objective may leave parameters out of a step's graph (the
+            # segment embeddings without sentence pairs, a generator's unused rows)
+            self.synced = nn.parallel.DistributedDataParallel(
+                module, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
-        self.forward = torch.compile(module) if compile_it else module
+        self.forward = torch.compile(self.synced) if compile_it else self.synced
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
                      and k in torch.cuda.get_device_name(device)), None)
-        self.flops_per_s_peak = peak if flops_per_token else None
+        self.flops_per_s_peak = peak * context.world if peak and flops_per_token else None
         self.flops_per_token = flops_per_token
         self.state = TrainState()
 
     def fit(self) -> TrainState:
         """Train to the budget, resuming from the last checkpoint of this configuration if any."""
         saved = load_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler,
-                                self.fingerprint, self.device)
+                                self.fingerprint, self.device, self.context.rank)
         if saved is not None:
             self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
             print(f"resuming from step {self.state.step} ({self.state.tokens} tokens)", flush=True)
         self.module.train()
         window = defaultdict(float)  # sums of the metrics of the steps since the last log line
-        while not self._budget_spent():
+        while not distributed.agree(self.context, self._budget_spent(), self.device):  # rank 0's clock decides
             started = time.perf_counter()
             loss, metrics = self._train_step()
             if loss is not None:
@@ -176,12 +187,14 @@ class Trainer:
         totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for micro in range(self.cfg.grad_accum):
             tokens, word_starts = (t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro))
-            with autocast(self.device, self.impl):
-                loss, metrics = self.forward(tokens, word_starts)
-            (loss / self.cfg.grad_accum).backward()
+            with distributed.no_sync(self.synced, skip=micro < self.cfg.grad_accum - 1):  # sync on the last
+                with autocast(self.device, self.impl):
+                    loss, metrics = self.forward(tokens, word_starts)
+                (loss / self.cfg.grad_accum).backward()
             for k, v in metrics.items():
                 totals[k] += v.detach().float() / self.cfg.grad_accum
-        loss_value = totals["loss"].item()
+        values = distributed.mean(self.context, {k: float(v) for k, v in totals.items()}, self.device)
+        loss_value = values["loss"]
         if not math.isfinite(loss_value):
             self.optimizer.zero_grad(set_to_none=True)
             self.state.bad_steps += 1
@@ -200,7 +213,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens += self.step_tokens
-        return loss_value, {k: float(v) for k, v in totals.items()}
+        if "grad_norm" in totals:
+            values["grad_norm"] = float(totals["grad_norm"])  # the same on every rank: gradients are synced
+        return loss_value, values
 
     def _log(self, window: dict[str, float]) -> None:
         steps, seconds = window.pop("steps"), window.pop("seconds")
@@ -215,20 +230,24 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean metrics over the fixed validation batches, under a fixed seed (same masks every time)."""
+        """Mean metrics over the fixed validation batches, each under its own fixed seed (the same masks
+        every time, whichever rank evaluates it); under torchrun the ranks split the batches."""
         self.module.eval()
         sums: dict[str, float] = defaultdict(float)
         count = 0
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(self.seed)
-            for tokens, word_starts in self.valid:
+            for i in range(self.context.rank, len(self.valid), self.context.world):
+                tokens, word_starts = self.valid[i]
+                torch.manual_seed(self.seed + i)
                 with autocast(self.device, self.impl):
                     _, metrics = self.module(tokens.to(self.device), word_starts.to(self.device))
                 for k, v in metrics.items():
                     sums[k] += float(v) * len(tokens)
                 count += len(tokens)
         self.module.train()
-        return {k: v / count for k, v in sums.items()}
+        names = distributed.gather(self.context, sorted(sums))[0]  # rank 0's names: a rank may hold no batch
+        totals = distributed.mean(self.context, {k: sums[k] for k in names} | {"_count": count}, self.device)
+        return {k: totals[k] / totals["_count"] for k in names}
 
     def _eval(self) -> None:
         row = {"step": self.state.step, "tokens": self.state.tokens,
@@ -238,5 +257,7 @@ class Trainer:
             callback.on_eval(self.state.step, row)
 
     def _checkpoint(self) -> None:
-        state = {**self.state.__dict__, "fingerprint": self.fingerprint}
-        save_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler, state)
+        rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
+        if self.context.main:
+            state = {**self.state.__dict__, "fingerprint": self.fingerprint}
+            save_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler, state, rng)

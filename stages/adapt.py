@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from lib import tracking
+from lib import distributed, tracking
 from lib.config import load_params
 from lib.errors import run_main
 from lib.io import atomic_dir, write_csv, write_json
@@ -36,6 +36,8 @@ def main() -> None:
                     "model": params.model, "mlm": params.mlm, "electra": params.electra, "adapt": params.adapt,
                     "impl": params.impl}
 
+    if params.adapt.enabled and distributed.relaunch(params.impl.nproc, "stages.adapt"):
+        return
     with tracking.stage_run("adapt", params.tracking, params, stage_params) as run:
         if not params.adapt.enabled:
             with atomic_dir(args.out) as tmp:
@@ -54,7 +56,8 @@ def main() -> None:
         paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
         metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage_params,
                                        layer_groups=objective.backbone().layer_groups(), measure_before=True)
-        print(f"domain validation loss {metrics['before_val_loss']:.4f} -> {metrics['val_loss']:.4f}", flush=True)
+        if metrics:  # rank 0's
+            print(f"domain validation loss {metrics['before_val_loss']:.4f} -> {metrics['val_loss']:.4f}", flush=True)
 
 
 if __name__ == "__main__":

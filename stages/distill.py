@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
     args = parser.parse_args()
     params = load_params(args.params)
+    if params.impl.nproc > 1:  # data-parallel support covers pretrain and adapt so far
+        print(f"warning: impl.nproc is {params.impl.nproc}, but distill runs in one process", flush=True)
     cfg, ft = params.distill, params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}
     # the examples are finetune's: its selection params decide them

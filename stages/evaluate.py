@@ -29,7 +29,7 @@ from lib.io import atomic_dir, write_csv, write_json
 from lib.model import load_model
 from lib.predict import TextClassifier
 from lib.report import write_report
-from lib.tasks import compute_metrics, read_task
+from lib.tasks import compute_metrics, confusion_matrix, read_task
 from lib.tokenizer import load_tokenizer, special_ids
 
 
@@ -80,7 +80,8 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     cfg, ft = params.evaluate, params.finetune
     metric_names = task_cfg.metrics
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.max_eval_examples)
-    classifiers = {role: TextClassifier.load(folder, device="cpu") for role, folder in models.items()}
+    # scored where the stage runs (bf16 on a GPU, as finetune scored them); timed on CPU and GPU below
+    classifiers = {role: TextClassifier.load(folder, device=params.device) for role, folder in models.items()}
     result = {"metric": metric_names[0], "metrics": metric_names, "splits": {}, "confusion": {}}
     if "teacher" in models:
         info = json.loads((models["teacher"] / META_FILE).read_text(encoding="utf-8"))
@@ -97,19 +98,23 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
         scores = {}
         first = not result["splits"]
         for role, classifier in classifiers.items():
+            print(f"{name} {split}: scoring the {role} on {len(rows.eval)} examples ({classifier.device.type})",
+                  flush=True)
             texts = [row.a for row in rows.eval]
             pairs = [row.b for row in rows.eval] if classifier.pairs else None
             predicted = classifier.predict_proba(texts, pairs).argmax(axis=1)
             scores[role] = compute_metrics(metric_names, predicted, labels, n_classes)
             if first:
-                result["confusion"][role] = confusion(predicted, labels, n_classes)
+                result["confusion"][role] = confusion_matrix(predicted, labels, n_classes).tolist()
         if first and finetuned:
             for variant, summary in finetuned["variants"].items():
                 scores[variant] = {k: v for m, s in summary.get("eval", {}).items()
                                    for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
+        print(f"{name} {split}: TF-IDF baseline on {len(rows.train)} train examples", flush=True)
         scores["tfidf"] = tfidf_scores(rows, metric_names, cfg)
         full = read_task(name, task_cfg, eval_split=split, **selection)
         if len(full.train) > len(rows.train):  # finetuning used a subset: show what all of train gives
+            print(f"{name} {split}: TF-IDF baseline on all {len(full.train)} train examples", flush=True)
             scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
@@ -126,6 +131,7 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
                         "name a labeled split to evaluate on")
     if unlabeled:
         result["note"] = (f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels.")
+    print(f"{name}: timing {', '.join(classifiers)}", flush=True)
     result["efficiency"] = {role: efficiency(c, models[role], cfg) for role, c in classifiers.items()}
     if distilled and "teacher" in result["efficiency"] and "student" in result["efficiency"]:
         first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
@@ -139,13 +145,6 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
 def tfidf_scores(rows, metric_names, cfg) -> dict:
     baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
     return {**baseline["eval"], "c": baseline["c"], "seconds": baseline["seconds"]}
-
-
-def confusion(predicted, labels, n_classes: int) -> list[list[int]]:
-    matrix = [[0] * n_classes for _ in range(n_classes)]
-    for p, y in zip(predicted, labels):
-        matrix[y][int(p)] += 1
-    return matrix
 
 
 def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:

@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
     args = parser.parse_args()
     params = load_params(args.params)
+    if params.impl.nproc > 1:  # data-parallel support covers pretrain and adapt so far
+        print(f"warning: impl.nproc is {params.impl.nproc}, but finetune runs in one process", flush=True)
     cfg = params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}
     stage_params = {"seed": params.seed, "device": params.device, "finetune": cfg, "tasks": tasks, "impl": params.impl}

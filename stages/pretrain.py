@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lib import tracking
+from lib import distributed, tracking
 from lib.config import load_params
 from lib.errors import run_main
 from lib.lm import LMPaths, train_language_model
@@ -33,6 +33,8 @@ def main() -> None:
                     "model": params.model, "mlm": params.mlm, "electra": params.electra, "pretrain": params.pretrain,
                     "impl": params.impl}
 
+    if distributed.relaunch(params.impl.nproc, "stages.pretrain"):
+        return
     torch.manual_seed(params.seed)
     tokenizer = load_tokenizer(args.tokenizer)
     objective = build_objective(params.objective, params, tokenizer.get_vocab_size(),

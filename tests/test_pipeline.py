@@ -14,6 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from lib.checkpoint import checkpoints
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 # rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
@@ -257,6 +258,17 @@ def test_bad_params_fail_in_one_line(repo):
     assert not (repo / "data/x").exists()
 
 
+def checkpoint_steps(directory: Path) -> list[int]:
+    """The steps of the checkpoints in `directory` (one being pruned as we look is passed over)."""
+    steps = []
+    for path in checkpoints(directory):
+        try:
+            steps.append(json.loads((path / "state.json").read_text())["step"])
+        except (OSError, ValueError):
+            pass
+    return steps
+
+
 def test_pretrain_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path):
     """SIGKILL the pretrain stage after a checkpoint, start it again: it resumes (never from zero)
     and its final metrics equal those of a run that was never interrupted."""
@@ -275,11 +287,10 @@ def test_pretrain_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path
                 "--plots", str(tmp_path / name / "plots"), "--checkpoints", str(tmp_path / name / "ckpt")]
 
     subprocess.run(command("whole"), cwd=repo, env=env, check=True, capture_output=True, timeout=600)
-    state = tmp_path / "killed" / "ckpt" / "state.json"
     process = subprocess.Popen(command("killed"), cwd=repo, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
-    while not (state.exists() and json.loads(state.read_text())["step"] >= 40) and process.poll() is None:
+    while max(checkpoint_steps(tmp_path / "killed" / "ckpt"), default=0) < 40 and process.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint written"
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
@@ -292,3 +303,34 @@ def test_pretrain_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path
     killed = json.loads((tmp_path / "killed" / "metrics.json").read_text())
     for key in ("val_loss", "val_accuracy", "steps", "tokens_seen"):
         assert killed[key] == whole[key], key
+
+
+def test_pretrain_under_torchrun_matches_one_process(repo, tmp_path):
+    """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
+    of outputs, and the validation loss of the one-process run with the same global batch."""
+    repo, _ = repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["model"]["dropout"] = 0.0  # dropout draws differ per rank; without it the runs compute the same
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
+    metrics = {}
+    for nproc in (1, 2):
+        params["impl"]["nproc"] = nproc
+        params_file = tmp_path / f"params{nproc}.yaml"
+        params_file.write_text(yaml.safe_dump(params))
+        out = tmp_path / str(nproc)
+        done = subprocess.run([sys.executable, "-m", "stages.pretrain", "--params", str(params_file),
+                               "--out", str(out / "model"), "--metrics", str(out / "metrics.json"),
+                               "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        metrics[nproc] = json.loads((out / "metrics.json").read_text())
+        assert (out / "model" / "model.safetensors").is_file() and not (out / "ckpt").exists()
+    assert "running under torchrun" in done.stdout
+    assert done.stdout.count("validation") == metrics[2]["steps"] // params["pretrain"]["eval_every"]  # rank 0 alone
+    assert metrics[2]["val_loss"] == pytest.approx(metrics[1]["val_loss"], rel=1e-4)
+    assert metrics[2]["tokens_seen"] == metrics[1]["tokens_seen"]
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
+                              filter_string="tags.stage = 'pretrain'")
+    assert len(runs) == 2  # one per execution, none from rank 1

@@ -1,4 +1,5 @@
 """The trainer on a tiny stand-in module: budget, schedule, NaN handling, checkpoints, exact resume."""
+import json
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches, fixed_windows
 from lib.errors import UserError
 from lib.packed import PackedTokens, PackedWriter
+from lib.checkpoint import KEEP, checkpoints
 from lib.trainer import Trainer, discriminative_groups, lr_multiplier, param_groups, slanted_triangular
 
 VOCAB = 40
@@ -108,7 +110,7 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(packed, tmp_path):
     cfg = TrainConfig(**{**CFG.__dict__, "max_bad_steps": 2})
     with pytest.raises(UserError, match=r"loss is nan at step 9, 3 bad steps in a row"):
         trainer(packed, tmp_path / "d", cfg=cfg, module=NextToken(poison_after=6)).fit()
-    assert (tmp_path / "d" / "state.json").exists()  # the last good checkpoint (step 5) stays
+    assert [json.loads((c / "state.json").read_text())["step"] for c in checkpoints(tmp_path / "d")] == [5]
 
 
 def test_budget_minutes_stops_early(packed, tmp_path):
@@ -180,3 +182,35 @@ def test_fixed_validation_windows_do_not_overlap(packed):
 def test_too_little_data_is_one_line(packed):
     with pytest.raises(UserError, match="fewer than one window"):
         WindowBatches(packed[1], 10**6, 4, seed=1)
+
+
+def test_only_the_last_checkpoints_are_kept(packed, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        trainer(packed, tmp_path / "k", callbacks=(KillAt(23),)).fit()
+    steps = [json.loads((c / "state.json").read_text())["step"] for c in checkpoints(tmp_path / "k")]
+    assert steps == [15, 20] and KEEP == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_a_corrupted_checkpoint_is_reported_and_the_one_before_is_used(packed, tmp_path, capsys, damage):
+    """Killed after step 20's checkpoint, the newest one damaged on disk: the rerun says so in one line,
+    resumes from step 15's and still ends on the uninterrupted run's curve."""
+    whole = trainer(packed, tmp_path / "whole").fit()
+    with pytest.raises(KeyboardInterrupt):
+        trainer(packed, tmp_path / "k", callbacks=(KillAt(23),)).fit()
+    weights = checkpoints(tmp_path / "k")[-1] / "module.safetensors"
+    data = weights.read_bytes()
+    if damage == "truncate":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    else:
+        weights.unlink()
+    capsys.readouterr()
+    resumed = trainer(packed, tmp_path / "k")
+    state = resumed.fit()
+    out = capsys.readouterr()
+    assert "resuming from step 15" in out.out
+    [line] = [l for l in out.err.splitlines() if "corrupted" in l]
+    assert "ckpt-000004" in line and "module.safetensors" in line and "trying the one before it" in line
+    assert curve(state) == curve(whole)

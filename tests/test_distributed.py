@@ -1,0 +1,95 @@
+"""Data parallel training with torchrun's environment on CPU (gloo, 2 processes): the same curve as one
+process with the same global batch, and an exact resume after both ranks are killed."""
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lib import distributed
+from lib.data import WindowBatches, fixed_windows
+from lib.errors import UserError
+from lib.packed import PackedTokens
+from lib.trainer import Trainer
+from tests.test_trainer import CFG, FP32, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: str, dropout: float,
+          kill_at: int | None) -> None:
+    """One rank of a run (or the whole run when world is 1); rank 0 writes the curve to `out`."""
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    context = distributed.setup("cpu")
+    torch.manual_seed(0)
+    module = NextToken()
+    module.drop.p = dropout
+    batches = WindowBatches(PackedTokens(f"{data}/train"), CFG.seq_len + 1, CFG.batch_size, seed=1,
+                            rows=context.share(CFG.batch_size, "pretrain.batch_size"))
+    valid = fixed_windows(PackedTokens(f"{data}/valid"), CFG.seq_len + 1, CFG.batch_size, CFG.eval_batches)
+    trainer = Trainer(module, CFG, FP32, torch.device("cpu"), batches, valid, Path(checkpoints), "a", seed=1,
+                      callbacks=(KillAt(kill_at),) if kill_at else (), context=context)
+    try:
+        state = trainer.fit()
+        if context.main:
+            with open(out, "w") as f:
+                json.dump(curve(state), f)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            os.environ.pop(key, None)
+
+
+def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None) -> list | None:
+    out = tmp_path / f"{name}.json"
+    args = (world, free_port(), str(data), str(tmp_path / name), str(out), dropout, kill_at)
+    if world == 1:
+        train(0, *args)
+    else:
+        mp.spawn(train, args=args, nprocs=world, join=True)
+    return json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.fixture
+def data(packed):  # noqa: F811
+    return packed[0].prefix.parent
+
+
+def test_two_processes_follow_the_one_process_curve(data, tmp_path):
+    """Each rank reads half of every batch and DDP averages the gradients: with the same global batch
+    the loss curve is the single process's, up to float summation order."""
+    one = run(1, data, tmp_path, "one")
+    two = run(2, data, tmp_path, "two")
+    assert [step for step, _ in two] == [step for step, _ in one]
+    for (step, a), (_, b) in zip(one, two):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5), step
+    assert one[-1][1] < one[0][1] * 0.8  # it learned something
+
+
+def test_killed_under_ddp_resumes_exactly(data, tmp_path):
+    """Both ranks stopped after step 13 (checkpoint at step 10), started again: every rank restores its
+    own RNG state (dropout differs per rank), so the curve equals an uninterrupted 2-process run."""
+    whole = run(2, data, tmp_path, "whole", dropout=0.2)
+    assert run(2, data, tmp_path, "killed", dropout=0.2, kill_at=13) is None
+    resumed = run(2, data, tmp_path, "killed", dropout=0.2)
+    assert resumed == whole
+
+
+def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
+    with pytest.raises(UserError, match=r"pretrain.batch_size: 5 does not split evenly over 2 processes"):
+        distributed.Context(rank=0, world=2).share(5, "pretrain.batch_size")
+    assert distributed.Context(rank=1, world=2).share(8, "k") == slice(4, 8)
