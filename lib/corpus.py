@@ -33,8 +33,9 @@ def eval_texts(tasks: dict[str, TaskConfig]) -> Iterator[str]:
     """Every text of every task's evaluation splits (both texts of a pair), for decontamination."""
     for name, task in tasks.items():
         for split in task.eval_splits:
-            for field in filter(None, (task.text_field, task.text_pair_field)):
-                yield from read_texts(task.source, split, field, f"tasks.{name}.eval_splits")
+            for field in ("text_field", "text_pair_field")[:1 + (task.text_pair_field is not None)]:
+                yield from read_texts(task.source, split, getattr(task, field), f"tasks.{name}.eval_splits",
+                                      field_key=f"tasks.{name}.{field}")
 
 
 class JsonlWriter:
@@ -94,7 +95,8 @@ def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_d
 
 def _read(corpus: CorpusConfig, splits: Iterable[str], key: str) -> Iterator[str]:
     for split in splits:
-        yield from read_texts(corpus.source, split, corpus.text_field, f"{key}.splits", corpus.max_docs)
+        yield from read_texts(corpus.source, split, corpus.text_field, f"{key}.splits", corpus.max_docs,
+                              field_key=f"{key}.text_field")
 
 
 def read_clean(clean_dir: Path, corpus: str, split: str) -> Iterator[str]:

@@ -108,21 +108,23 @@ def _open(source: str, split: str, key: str):
     return datasets.load_dataset(builder, data_files={split: files[split]}, split=split, streaming=True, **options)
 
 
-def read_rows(source: str, split: str, fields: dict[str, str], key: str,
-              max_rows: int | None = None) -> Iterator[dict[str, Any]]:
+def read_rows(source: str, split: str, fields: dict[str, str], key: str, max_rows: int | None = None,
+              field_keys: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """Yield {name: row[field]} for each row of `split`. `fields` maps output names to source fields,
-    e.g. {"text": "review"}; `key` is the params key named in errors. Raises UserError on a missing
-    split or field, an empty split, or a source `datasets` cannot read."""
+    e.g. {"text": "review"}; `key` is the params key named in errors, `field_keys` the one that sets
+    each field (by output name; default `key`). Raises UserError on a missing split or field, an
+    empty split, or a source `datasets` cannot read."""
     n = 0
     try:
         dataset = _open(source, split, key)
         batches = dataset.iter(batch_size=READ_BATCH)
         for batch in batches:
             if n == 0:
-                missing = [f for f in fields.values() if f not in batch]
+                missing = [name for name, f in fields.items() if f not in batch]
                 if missing:
-                    raise UserError(f"{key}: field '{missing[0]}' not in '{source}' split '{split}' "
-                                    f"(fields: {', '.join(batch)}); set the field name in params.yaml")
+                    raise UserError(f"{(field_keys or {}).get(missing[0], key)}: field '{fields[missing[0]]}' not in "
+                                    f"'{source}' split '{split}' (fields: {', '.join(batch)}); "
+                                    "set the field name in params.yaml")
             columns = [batch[f] for f in fields.values()]
             for values in zip(*columns):
                 yield dict(zip(fields, values))
@@ -151,13 +153,15 @@ def split_columns(source: str, split: str, key: str) -> list[str]:
         raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
 
 
-def read_texts(source: str, split: str, field: str, key: str, max_rows: int | None = None) -> Iterator[str]:
-    """The `field` of each row as a string (null -> ''); a non-text value is a UserError."""
-    for row in read_rows(source, split, {"text": field}, key, max_rows):
+def read_texts(source: str, split: str, field: str, key: str, max_rows: int | None = None,
+               field_key: str | None = None) -> Iterator[str]:
+    """The `field` of each row as a string (null -> ''); a non-text value is a UserError. `key` and
+    `field_key` are the params keys named in errors about the split and the field."""
+    for row in read_rows(source, split, {"text": field}, key, max_rows, {"text": field_key or key}):
         text = row["text"]
         if text is None:
             text = ""
         elif not isinstance(text, str):
-            raise UserError(f"{key}: field '{field}' of '{source}' split '{split}' holds "
+            raise UserError(f"{field_key or key}: field '{field}' of '{source}' split '{split}' holds "
                             f"{type(text).__name__} values, not text; name a text field")
         yield text

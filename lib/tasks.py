@@ -221,7 +221,8 @@ def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[
     if cfg.text_pair_field is not None:
         fields["b"] = cfg.text_pair_field
     rows, empty = [], 0
-    for row in read_rows(cfg.source, split, fields, key):
+    field_keys = {"a": f"{key}.text_field", "b": f"{key}.text_pair_field", "label": f"{key}.label_field"}
+    for row in read_rows(cfg.source, split, fields, key, field_keys=field_keys):
         for out, field in (("a", cfg.text_field), ("b", cfg.text_pair_field)):
             value = row.get(out)
             if value is not None and not isinstance(value, str):

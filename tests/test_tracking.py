@@ -134,3 +134,25 @@ class BlockMlflow:
         if name == "mlflow" or name.startswith("mlflow."):
             raise ModuleNotFoundError(f"No module named {name!r}")
         return None
+
+
+def test_locked_store_warns_once_and_stage_finishes(store, tmp_path, capsys):
+    """Another process holds the SQLite store's write lock for the whole stage: it warns and finishes."""
+    import sqlite3
+
+    with tracking.stage_run("clean", TrackingConfig(), {}, {"a": 1}):
+        pass  # the store exists, with its tables
+    capsys.readouterr()
+    lock = sqlite3.connect(tmp_path / "mlflow.db", timeout=0)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        with tracking.stage_run("tokenizer", TrackingConfig(), {}, {"a": 1}) as run:
+            run.log_metrics({"x": 1.0})
+        seconds = time.monotonic() - started
+    finally:
+        lock.rollback()
+        lock.close()
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "locked" in err, err
+    assert seconds < 120

@@ -1,0 +1,188 @@
+"""Bad input across the stages, one table: each case runs a stage as a user would (a subprocess) on a
+tiny project with one thing broken, and must end in one `error: ...` line that names the cause with
+exit code 2 and no output left behind, or, where skipping is right, finish and count what it skipped."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from tests.helpers import write_jsonl_gz
+from tests.test_pipeline import copy_repo, make_tiny_data, tiny_params
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def stage(repo: Path, name: str, params: Path, out: Path) -> subprocess.CompletedProcess:
+    """Run stage `name` with its inputs from the project and every output under `out`."""
+    inputs = {"tokenizer": ["--clean", "data/clean"],
+              "pretrain": ["--tokenizer", "data/tokenizer", "--tokens", "data/tokens/pretrain"],
+              "adapt": ["--model", "models/pretrain", "--tokens", "data/tokens/domain"],
+              "finetune": ["--model", "models/adapt"],
+              "evaluate": ["--lm", "models/adapt", "--finetune-metrics", str(out / "missing.json")]}.get(name, [])
+    outputs = {"clean": ["--out", "clean", "--metrics", "m.json", "--plots", "plots"],
+               "tokenizer": ["--out", "tok", "--tokens", "tokens", "--metrics", "m.json", "--plots", "plots"],
+               "evaluate": ["--metrics", "m.json", "--plots", "plots", "--report", "report"]}.get(
+        name, ["--out", "model", "--metrics", "m.json", "--plots", "plots", "--checkpoints", "ckpt"])
+    outputs = [arg if arg.startswith("--") else str(out / arg) for arg in outputs]
+    return subprocess.run([sys.executable, "-m", f"stages.{name}", "--params", str(params), *inputs, *outputs],
+                          cwd=repo, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A tiny project with clean, tokenizer, pretrain and adapt done (tracking off)."""
+    base = tmp_path_factory.mktemp("bad_input")
+    repo = base / "repo"
+    make_tiny_data(base / "shared" / "data")
+    copy_repo(repo)
+    tiny_params(repo)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tracking"]["enabled"] = False
+    params["finetune"].update(tasks=["sst2"], variants=["plain"], epochs=1, max_train_examples=None)
+    params["distill"].update(tasks=["sst2"], unlabeled={})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for name in ("clean", "tokenizer", "pretrain", "adapt"):
+        done = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=repo, env=ENV, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return repo
+
+
+def rows(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+# data edits: (case folder with a copy of the tiny data) -> None
+def empty_file(data: Path) -> None:
+    (data / "wikipedia_en" / "train.jsonl.gz").write_bytes(b"")
+
+
+def invalid_utf8(data: Path) -> None:
+    path = data / "wikipedia_en" / "train.jsonl.gz"
+    raw = gzip.decompress(path.read_bytes())
+    bad = b'{"text": "' + b"Broken bytes \xff\xfe in an otherwise fine article. " * 20 + b'"}\n'
+    path.write_bytes(gzip.compress(raw + bad))
+
+
+def ten_mb_line(data: Path) -> None:
+    path = data / "wikipedia_en" / "train.jsonl.gz"
+    write_jsonl_gz(path, rows(path) + [{"text": "word " * 2_000_000}])
+
+
+def relabel(label_of: Callable[[int, Any], Any]) -> Callable[[Path], None]:
+    def edit(data: Path) -> None:
+        path = data / "sst2" / "train.jsonl.gz"
+        write_jsonl_gz(path, [{**r, "label": label_of(i, r["label"])} for i, r in enumerate(rows(path))])
+    return edit
+
+
+def empty_texts(data: Path) -> None:
+    path = data / "sst2" / "train.jsonl.gz"
+    write_jsonl_gz(path, [{**r, "text": "" if i % 10 == 0 else r["text"]} for i, r in enumerate(rows(path))])
+
+
+def truncate_model(repo: Path, case: Path) -> None:
+    model = case / "model_in"
+    shutil.copytree(repo / "models" / "adapt", model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+@dataclass
+class Case:
+    name: str
+    stage: str
+    error: str | None  # a fragment of the one-line error; None: the stage must finish
+    params: dict[str, Any] = field(default_factory=dict)  # dotted key -> value
+    data: Callable[[Path], None] | None = None  # edits a copy of the tiny data
+    check: Callable[[dict], None] | None = None  # on the metrics of a stage that finished
+
+
+CASES = [
+    Case("empty corpus file", "clean", "train.jsonl.gz' is empty; remove it or fill it", data=empty_file),
+    Case("every document filtered out", "clean", "corpora.pretrain: no train documents left after cleaning",
+         params={"clean.min_chars": 900_000}),
+    Case("non-UTF-8 bytes: counted and dropped", "clean", None, data=invalid_utf8,
+         check=lambda m: m["pretrain"]["dropped"]["undecodable"] == 1),
+    Case("a 10 MB single line: counted and dropped", "clean", None, data=ten_mb_line,
+         check=lambda m: m["pretrain"]["dropped"]["too_long"] == 1),
+    Case("missing text field", "clean", "corpora.pretrain.text_field: field 'body' not in",
+         params={"corpora.pretrain.text_field": "body"}),
+    Case("missing source", "clean", "corpora.domain.source: '/no/such/folder' does not exist",
+         params={"corpora.domain.source": "/no/such/folder"}),
+    Case("unknown params key", "pretrain", "pretrain.budget_token: unknown key; did you mean 'pretrain.budget_tokens'?",
+         params={"pretrain.budget_token": 10}),
+    Case("wrong params type", "pretrain", "pretrain.batch_size: expected an integer, got str 'big'",
+         params={"pretrain.batch_size": "big"}),
+    Case("vocabulary smaller than the special tokens", "tokenizer", "tokenizer.vocab_size: 3 is too small",
+         params={"tokenizer.vocab_size": 3}),
+    Case("seq_len above max positions", "pretrain", "pretrain.seq_len: 128 is above model.max_positions (64)",
+         params={"pretrain.seq_len": 128}),
+    Case("NaN loss", "pretrain", "training: loss is nan at step", params={"pretrain.lr": 1e30}),
+    Case("a checkpoint from another architecture", "adapt", "its model config differs from params.yaml's model",
+         params={"model.d_model": 48}),
+    Case("label outside the declared classes", "finetune", "tasks.sst2.label_names: train label 7 has no name",
+         params={"tasks.sst2.label_names": ["negative", "positive"]}, data=relabel(lambda i, y: 7 if i == 3 else y)),
+    Case("labels of mixed types", "finetune", "has mixed types",
+         data=relabel(lambda i, y: "positive" if i == 3 else y)),
+    Case("a task with one class", "finetune", "has one class", data=relabel(lambda i, y: 0)),
+    Case("empty texts: counted and skipped", "finetune", None, data=empty_texts,
+         check=lambda m: m["sst2"]["skipped"]["train.empty_text"] == 15),
+    Case("pair task without its second field", "finetune", "tasks.mrpc.text_pair_field: field 'sentence3' not in",
+         params={"finetune.tasks": ["mrpc"], "distill.tasks": ["mrpc"], "tasks.mrpc.max_len": 64, "tasks.mrpc.text_pair_field": "sentence3"}),
+    Case("task not in params", "finetune", "finetune.tasks[1]: 'nope' is not a task in `tasks`",
+         params={"finetune.tasks": ["sst2", "nope"]}),
+    Case("truncated model weights", "finetune", "model.safetensors: does not match config.json or is corrupt"),
+    Case("the metrics of an earlier stage missing", "evaluate", "missing.json: cannot read it"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(project, tmp_path, case):
+    repo = project
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    if case.data:
+        data = tmp_path / "data"
+        shutil.copytree(repo.parent / "shared" / "data", data)
+        case.data(data)
+        for corpus in params["corpora"].values():
+            corpus["source"] = str(data / Path(corpus["source"]).name)
+        for task in params["tasks"].values():
+            task["source"] = str(data / Path(task["source"]).name)
+    for key, value in case.params.items():
+        *parents, last = key.split(".")
+        section = params
+        for part in parents:
+            section = section[part]
+        section[last] = value
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    out = tmp_path / "out"
+    out.mkdir()
+    if case.name == "truncated model weights":
+        truncate_model(repo, tmp_path)
+        done = subprocess.run([sys.executable, "-m", "stages.finetune", "--params", str(params_file), "--model",
+                               str(tmp_path / "model_in"), "--out", str(out / "model"), "--metrics",
+                               str(out / "m.json"), "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
+                              cwd=repo, env=ENV, capture_output=True, text=True, timeout=600)
+    else:
+        done = stage(repo, case.stage, params_file, out)
+    if case.error is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        case.check(json.loads((out / "m.json").read_text()))
+        return
+    assert done.returncode == 2, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    assert case.error in lines[0]
+    left = [p.relative_to(out) for p in out.rglob("*") if p.is_file() and "ckpt" not in p.parts]
+    assert left == [], f"left behind: {left}"

@@ -1,0 +1,61 @@
+"""Faults outside the code: a disk that fills up while a checkpoint or an output is written."""
+import errno
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lib import checkpoint
+from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib.io import atomic_dir, write_json
+from tests.helpers import ROOT
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(args[-1]) if args else None)
+
+
+def state(module):
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    module = torch.nn.Linear(3, 3)
+    optimizer, scheduler = state(module)
+    save_checkpoint(tmp_path, module, optimizer, scheduler, {"fingerprint": "a", "step": 5})
+    saved = {k: v.clone() for k, v in module.state_dict().items()}
+    with torch.no_grad():
+        module.weight.add_(1.0)
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)  # the weights are written, then the disk is full
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path, module, optimizer, scheduler, {"fingerprint": "a", "step": 10})
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000001"]  # no half-written checkpoint beside it
+    restored = torch.nn.Linear(3, 3)
+    assert load_checkpoint(tmp_path, restored, *state(restored), "a", torch.device("cpu"))["step"] == 5
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in saved.items())
+
+
+def test_disk_full_while_writing_an_output_keeps_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    with atomic_dir(out) as tmp:
+        write_json(tmp / "config.json", {"version": 1})
+    with pytest.raises(OSError):
+        with atomic_dir(out) as tmp:
+            (tmp / "weights.bin").write_bytes(b"x" * 100)
+            disk_full(tmp / "config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (out / "config.json").read_text().count('"version": 1') == 1 and not (out / "weights.bin").exists()
+
+
+def test_a_full_disk_ends_a_stage_in_one_line():
+    code = ("import errno; from lib.errors import run_main\n"
+            "def main(): raise OSError(errno.ENOSPC, 'No space left on device', 'models/pretrain/.tmp/model.safetensors')\n"
+            "run_main(main)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: no space left on the device writing models/pretrain/.tmp/model.safetensors; free some and run the "
+        "stage again (earlier outputs and checkpoints are intact)"]

@@ -1,0 +1,45 @@
+"""Two queued experiments run at once (`dvc exp run --run-all -j 2`) on a tiny project: both finish,
+each with its own MLflow parent run in the one shared store, and the workspace is left as it was."""
+import json
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.test_pipeline import copy_repo, make_tiny_data, run, tiny_params
+
+
+def test_two_queued_experiments_run_side_by_side(tmp_path):
+    repo = tmp_path / "repo"
+    make_tiny_data(tmp_path / "shared" / "data")
+    copy_repo(repo)
+    tiny_params(repo)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for section in [*params["corpora"].values(), *params["tasks"].values()]:
+        # a queued experiment runs in a temp copy under .dvc/tmp/exps: relative sources would not resolve
+        section["source"] = str((repo / section["source"]).resolve())
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(repo, "git", "init", "-q")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "tiny")
+    run(repo, "dvc", "repro", "-q")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "baseline")
+    for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
+        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}")
+    out = run(repo, "dvc", "exp", "run", "--run-all", "-j", "2")
+    assert out.count("Running stage 'finetune'") == 2 and "Running stage 'pretrain'" not in out
+    assert run(repo, "git", "status", "--porcelain").strip() == ""  # the workspace is untouched
+    shown = json.loads(run(repo, "dvc", "exp", "show", "--json"))
+    experiments = {e["name"]: e for baseline in shown for e in (baseline.get("experiments") or [])}
+    for name in ("lr-low", "lr-high"):
+        assert experiments[name]["revs"][0]["data"]["metrics"]["metrics/evaluate.json"]["data"], name
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("transfer-pipeline")
+    for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
+        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`dvc.exp_name` = '{name}'")
+        parents = [r for r in runs if r.data.tags.get("pipeline.role") == "pipeline"]
+        stages = [r for r in runs if r.data.tags.get("pipeline.role") == "stage"]
+        assert len(parents) == 1 and parents[0].data.params["finetune.lr"] == lr
+        assert sorted(r.data.tags["stage"] for r in stages) == ["distill", "evaluate", "finetune"]
+        assert all(r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+                   for r in stages)
