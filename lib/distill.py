@@ -36,11 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib import distributed
+from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.classifier import Classifier
 from lib.config import DistillConfig, ImplConfig
+from lib.distributed import Context
 from lib.errors import UserError
-from lib.finetune import predict, scored
+from lib.finetune import predict_all, scored
 from lib.io import atomic_file
 from lib.model import Transformer
 from lib.tasks import UNLABELED, Example, TaskData, batch_indices, collate
@@ -117,6 +119,18 @@ class Distiller(nn.Module):
         self.projections = nn.ModuleList(
             nn.Identity() if width == teacher_width else nn.Linear(width, teacher_width) for _ in range(layers))
 
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, mask: torch.Tensor,
+                hidden_layers: list[int], summary_layers: list[int]) -> tuple[torch.Tensor, list, list]:
+        """The student's logits (float32), and at the given student layers (1-based) its states and
+        summary states projected to the teacher's width. Everything the losses read comes out of
+        this one forward, so that DDP sees every parameter that gets a gradient."""
+        student = self.student
+        final, states = student.encode(input_ids, segment_ids, mask, output_hidden_states=True)
+        logits = student.head(student.features(final, mask)).float()
+        hidden = [self.projections[s - 1](states[s].float()) for s in hidden_layers]
+        summary = [self.projections[s - 1](student.token_state(states[s], mask).float()) for s in summary_layers]
+        return logits, hidden, summary
+
 
 def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """KL(teacher_T || student_T) averaged over the batch, times T^2."""
@@ -167,10 +181,13 @@ def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers:
 def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], metrics: list[str],
                  cfg: DistillConfig, impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
                  checkpoint_dir: Path, fingerprint: str,
-                 on_epoch: Callable[[dict[str, float]], None] = lambda row: None) -> tuple[DistillResult, Classifier]:
+                 on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
+                 context: Context = Context()) -> tuple[DistillResult, Classifier]:
     """Train a student on task.train + `unlabeled` from `teacher`, pick its best epoch on task.dev,
     score teacher and student on task.dev and task.eval. Resumes from checkpoint_dir when it holds a
-    checkpoint with this fingerprint. Returns the result and the best student (on the CPU)."""
+    checkpoint with this fingerprint. Returns the result and the best student (on the CPU). Under
+    torchrun every rank calls it: each computes the teacher's outputs, trains on its share of every
+    batch (DDP) and scores every world-th example; rank 0 writes the checkpoints."""
     blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
     k = cfg.layers
     # (student layer, teacher layer) pairs, 1-based
@@ -184,48 +201,55 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     teacher = teacher.to(device)
     cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
                             cfg.batch_size * 2, pad_id, device, impl)
-    teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl)[0]
+    teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
     teacher.to("cpu")
     teacher_seconds = round(time.perf_counter() - started, 1)
 
     torch.manual_seed(seed)
     distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model).to(device)
     student = distiller.student
+    synced = distiller if not context.active else nn.parallel.DistributedDataParallel(  # the LM head takes no part
+        distiller, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
     optimizer = torch.optim.AdamW(discriminative_groups(distiller, [], cfg.lr, 1.0, cfg.weight_decay),
                                   betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
     checkpoint, best_path = checkpoint_dir / "epochs", checkpoint_dir / BEST_WEIGHTS
-    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, device)
+    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, device, context.rank)
     if state is None or not best_path.is_file():
         state = {"fingerprint": fingerprint, "epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
                  "history": [], "seconds": 0.0}
-    else:
+    elif context.main:
         print(f"{task.name}: resuming the student after epoch {state['epoch']}", flush=True)
 
     while state["epoch"] < cfg.epochs and state["bad_epochs"] < cfg.patience:
         epoch_started = time.perf_counter()
         epoch = state["epoch"] + 1
-        losses = train_epoch(distiller, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id,
-                             optimizer, scheduler, seed * 1000 + epoch)
-        dev = scored(predict(student, task.dev, cfg.batch_size * 2, pad_id, device, impl), metrics, n_classes, False)
+        losses = train_epoch(synced, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id,
+                             optimizer, scheduler, seed * 1000 + epoch, context)
+        dev = scored(iter(predict_all(student, task.dev, cfg.batch_size * 2, pad_id, device, impl, context)), metrics,
+                     n_classes, False)
         row = {"epoch": epoch, **losses, "lr": scheduler.get_last_lr()[-1], **{f"dev_{m}": v for m, v in dev.items()}}
         state["history"].append(row)
         if dev[metrics[0]] > state["best_score"]:
             state.update(best_score=dev[metrics[0]], best_epoch=epoch, bad_epochs=0)
-            with atomic_file(best_path, "wb") as f:
-                f.write(safetensors.torch.save(student_weights(student)))
+            if context.main:
+                with atomic_file(best_path, "wb") as f:
+                    f.write(safetensors.torch.save(student_weights(student)))
         else:
             state["bad_epochs"] += 1
         state["epoch"] = epoch
         state["seconds"] += time.perf_counter() - epoch_started
-        save_checkpoint(checkpoint, distiller, optimizer, scheduler, state)
+        rng = distributed.gather(context, rng_state())  # every rank's, for an exact resume
+        if context.main:
+            save_checkpoint(checkpoint, distiller, optimizer, scheduler, state, rng)
+        distributed.barrier(context)  # the best weights are on disk before any rank reads them
         on_epoch(row)
 
     scoring_started = time.perf_counter()
     safetensors.torch.load_model(student, str(best_path), device=str(device))
-    student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl)
+    student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)
     result = DistillResult(
         task.name, teacher_scores, student_scores, confusion, state["best_epoch"], state["history"],
         round(state["seconds"] + time.perf_counter() - scoring_started, 1), teacher_seconds,
@@ -247,56 +271,70 @@ def student_weights(student: Classifier) -> dict[str, torch.Tensor]:
 
 
 def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: int, pad_id: int,
-             device: torch.device, impl: ImplConfig) -> tuple[dict[str, Any], list[list[int]] | None]:
+             device: torch.device, impl: ImplConfig,
+             context: Context = Context()) -> tuple[dict[str, Any], list[list[int]] | None]:
     """({"dev": metrics, "eval": metrics or None}, the evaluation split's confusion matrix or None)."""
     n_classes = len(task.label_names)
-    scores: dict[str, Any] = {"dev": scored(predict(model, task.dev, batch_size, pad_id, device, impl), metrics,
-                                            n_classes, False), "eval": None}
+
+    def pairs(examples: list[Example]) -> Any:
+        return iter(predict_all(model, examples, batch_size, pad_id, device, impl, context))
+
+    scores: dict[str, Any] = {"dev": scored(pairs(task.dev), metrics, n_classes, False), "eval": None}
     confusion = None
     if task.eval is not None:
-        scores["eval"], confusion = scored(predict(model, task.eval, batch_size, pad_id, device, impl), metrics,
-                                           n_classes, True)
+        scores["eval"], confusion = scored(pairs(task.eval), metrics, n_classes, True)
     return scores, confusion
 
 
-def train_epoch(distiller: Distiller, transfer: list[Example], cache: TeacherOutputs,
+def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutputs,
                 hidden_pairs: list[tuple[int, int]], summary_pairs: list[tuple[int, int]], cfg: DistillConfig,
                 impl: ImplConfig, device: torch.device, pad_id: int, optimizer: torch.optim.Optimizer,
-                scheduler: Any, seed: int) -> dict[str, float]:
-    """One pass over the transfer set; returns the mean of each loss term (and the total) per example."""
-    distiller.train()
-    student = distiller.student
+                scheduler: Any, seed: int, context: Context = Context()) -> dict[str, float]:
+    """One pass over the transfer set; returns the mean of each loss term (and the total) per example.
+    `synced` is the Distiller, DDP-wrapped under torchrun: then each rank takes its share of every
+    batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
+    that DDP's mean over ranks is the whole batch's loss."""
+    synced.train()
+    world, rank = context.world, context.rank
     sums: dict[str, float] = {}
     for group in batch_indices(transfer, cfg.batch_size, seed):
-        batch = collate([transfer[i] for i in group], pad_id).to(device)
+        n = len(group)
+        mine = group[rank * n // world:(rank + 1) * n // world] if n >= world else group
+        scale = world if n >= world else 1  # a batch smaller than the world: every rank computes it whole
+
+        def share(local: float, whole: float) -> float:
+            return local / whole * scale if whole else 0.0
+
+        batch = collate([transfer[i] for i in mine], pad_id).to(device)
         mask = batch.attention_mask
         with autocast(device, impl):
-            final, states = student.encode(batch.input_ids, batch.segment_ids, mask, output_hidden_states=True)
-            logits = student.head(student.features(final, mask)).float()
-        terms = {"soft": soft_loss(logits, cache.logits[group].to(device), cfg.temperature)}
+            logits, hidden, summary = synced(batch.input_ids, batch.segment_ids, mask,
+                                             [s for s, _ in hidden_pairs], [s for s, _ in summary_pairs])
+        terms = {"soft": soft_loss(logits, cache.logits[mine].to(device), cfg.temperature) * share(len(mine), n)}
         labeled = batch.labels != UNLABELED
-        if cfg.hard_weight > 0 and labeled.any():
-            terms["hard"] = F.cross_entropy(logits[labeled], batch.labels[labeled])
+        n_labeled = sum(transfer[i].label != UNLABELED for i in group)
+        if cfg.hard_weight > 0 and n_labeled:
+            hard = F.cross_entropy(logits[labeled], batch.labels[labeled]) if labeled.any() else logits.sum() * 0
+            terms["hard"] = hard * share(int(labeled.sum()), n_labeled)
         if hidden_pairs:
-            target = torch.zeros(len(group), len(hidden_pairs), mask.shape[1], cache.hidden[group[0]].shape[-1])
-            for row, i in enumerate(group):
+            target = torch.zeros(len(mine), len(hidden_pairs), mask.shape[1], cache.hidden[mine[0]].shape[-1])
+            for row, i in enumerate(mine):
                 target[row, :, : len(transfer[i].ids)] = cache.hidden[i].float()
             target = target.to(device)
-            terms["hidden"] = sum(
-                hidden_loss(distiller.projections[s - 1](states[s].float()), target[:, j], mask, cfg.hidden_loss)
-                for j, (s, _) in enumerate(hidden_pairs)) / len(hidden_pairs)
+            tokens = share(int(mask.sum()), sum(len(transfer[i].ids) for i in group))
+            terms["hidden"] = sum(hidden_loss(hidden[j], target[:, j], mask, cfg.hidden_loss)
+                                  for j in range(len(hidden_pairs))) / len(hidden_pairs) * tokens
         if summary_pairs:
-            projected = [distiller.projections[s - 1](student.token_state(states[s], mask).float())
-                         for s, _ in summary_pairs]
-            terms["pkd"] = patient_loss(torch.stack(projected, 1), cache.summary[group].to(device))
+            terms["pkd"] = patient_loss(torch.stack(summary, 1), cache.summary[mine].to(device)) * share(len(mine), n)
         weights = {"soft": cfg.soft_weight, "hard": cfg.hard_weight, "hidden": cfg.hidden_weight, "pkd": cfg.pkd_weight}
         loss = sum(weights[name] * term for name, term in terms.items())
         loss.backward()
         if cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(distiller.parameters(), cfg.clip_norm)
+            torch.nn.utils.clip_grad_norm_(synced.parameters(), cfg.clip_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        for name, value in {**terms, "loss": loss}.items():
-            sums[name] = sums.get(name, 0.0) + value.item() * len(group)
-    return {f"{name}_loss" if name != "loss" else "train_loss": total / len(transfer) for name, total in sums.items()}
+        for name, value in {**terms, "loss": loss}.items():  # each rank's part of the batch's mean
+            sums[name] = sums.get(name, 0.0) + value.item() / world * n
+    totals = {name: distributed.total(context, value, device) for name, value in sorted(sums.items())}
+    return {f"{name}_loss" if name != "loss" else "train_loss": total / len(transfer) for name, total in totals.items()}

@@ -119,6 +119,12 @@ def gather(context: Context, obj: Any) -> list[Any]:
     return objects
 
 
+def say(context: Context, line: str) -> None:
+    """Print `line` on rank 0 alone (the console is shared)."""
+    if context.main:
+        print(line, flush=True)
+
+
 def barrier(context: Context) -> None:
     if context.active:
         dist.barrier()

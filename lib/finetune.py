@@ -26,10 +26,12 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from lib import distributed
 from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
+from lib.distributed import Context
 from lib.model import Transformer
-from lib.tasks import Batch, Example, TaskData, batches, compute_metrics, confusion_matrix
+from lib.tasks import Batch, Example, TaskData, batch_indices, batches, collate, compute_metrics, confusion_matrix
 from lib.trainer import autocast, discriminative_groups, slanted_triangular, warmup_decay
 
 
@@ -89,9 +91,12 @@ def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfi
 
 def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig,
                 impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
-                on_epoch: Callable[[dict[str, float]], None] = lambda row: None) -> tuple[RunResult, Classifier]:
+                on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
+                context: Context = Context()) -> tuple[RunResult, Classifier]:
     """Train `variant` on task.train, pick the best epoch on task.dev, score it on task.eval.
-    Returns the result and the classifier with its best weights (on the CPU)."""
+    Returns the result and the classifier with its best weights (on the CPU). Under torchrun every
+    rank calls it: the full variants train data-parallel, each rank its share of every batch; the
+    frozen variant's small probe trains the same on every rank."""
     torch.manual_seed(seed)
     plan = setup(variant, adapted, len(task.label_names), cfg)
     model = plan.model.to(device)
@@ -99,7 +104,7 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     if variant == "frozen":
         trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id)
     else:
-        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed)
+        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context)
     best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
     curve, history = [], []
     for epoch in range(1, plan.epochs + 1):
@@ -132,9 +137,14 @@ class FullTrainer:
     """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids."""
 
     def __init__(self, model: Classifier, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
-                 device: torch.device, pad_id: int, seed: int):
+                 device: torch.device, pad_id: int, seed: int, context: Context = Context()):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
+        self.context = context
+        # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later
+        # (find_unused_parameters: until then the frozen ones get no gradient)
+        self.synced = model if not context.active else torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
         self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
         self.groups = model.layer_groups(with_lm_head=self.aux)
         self.optimizer = torch.optim.AdamW(
@@ -162,15 +172,21 @@ class FullTrainer:
     def train_epoch(self, epoch: int) -> float:
         self.model.train()
         total, count = 0.0, 0
-        for batch in batches(self.task.train, self.cfg.batch_size, self.pad_id, seed=self.seed * 1000 + epoch):
-            batch = batch.to(self.device)
+        world, rank = self.context.world, self.context.rank
+        for group in batch_indices(self.task.train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
+            n = len(group)
+            # this rank's share, weighted so that DDP's mean over ranks is the mean over the whole batch;
+            # a batch smaller than the world is computed whole by every rank
+            mine = group[rank * n // world:(rank + 1) * n // world] if n >= world else group
+            weight = len(mine) * world / n if n >= world else 1.0
+            batch = collate([self.task.train[i] for i in mine], self.pad_id).to(self.device)
             with autocast(self.device, self.impl):
-                logits, hidden = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+                logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
                 loss = F.cross_entropy(logits.float(), batch.labels)
                 if self.aux:
                     loss = loss + self.cfg.aux_lm_weight * lm_loss(self.model.backbone, hidden, batch.input_ids,
                                                                    batch.attention_mask)
-            loss.backward()
+            (loss * weight).backward()
             if self.cfg.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
             self.optimizer.step()
@@ -179,14 +195,18 @@ class FullTrainer:
             self.steps += 1
             if self.unfreeze_every:
                 self._set_trainable()
-            total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
+            if n >= world or rank == 0:  # a batch computed whole by every rank counts once
+                total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
+        total, count = (distributed.total(self.context, v, self.device) for v in (total, count))
         return total / max(count, 1)
 
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
-        """Metrics of the model on task.dev ("dev") or task.eval ("eval")."""
+        """Metrics of the model on task.dev ("dev") or task.eval ("eval"); under torchrun each rank
+        predicts every world-th example and the predictions are gathered."""
         examples = self.task.dev if split == "dev" else self.task.eval
-        pairs = predict(self.model, examples, self.cfg.batch_size * 2, self.pad_id, self.device, self.impl)
-        return scored(pairs, metrics, len(self.task.label_names), with_confusion)
+        pairs = predict_all(self.model, examples, self.cfg.batch_size * 2, self.pad_id, self.device, self.impl,
+                            self.context)
+        return scored(iter(pairs), metrics, len(self.task.label_names), with_confusion)
 
 
 class ProbeTrainer:
@@ -268,6 +288,14 @@ def predict(model: Classifier, examples: list[Example], batch_size: int, pad_id:
         with autocast(device, impl):
             logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
         yield logits.argmax(-1).cpu(), batch.labels.cpu()
+
+
+def predict_all(model: Classifier, examples: list[Example], batch_size: int, pad_id: int, device: torch.device,
+                impl: ImplConfig, context: Context = Context()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """predict's batches over all of `examples`; under torchrun each rank predicts every world-th
+    example and every rank gets all the batches (metrics do not depend on their order)."""
+    mine = list(predict(model, examples[context.rank::context.world], batch_size, pad_id, device, impl))
+    return [pair for part in distributed.gather(context, mine) for pair in part]
 
 
 def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str], n_classes: int,

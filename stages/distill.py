@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from lib import tracking
+from lib import distributed, tracking
 from lib.checkpoint import fingerprint
 from lib.classifier import load_classifier, save_classifier
 from lib.config import load_params
@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
     args = parser.parse_args()
     params = load_params(args.params)
-    if params.impl.nproc > 1:  # data-parallel support covers pretrain and adapt so far
-        print(f"warning: impl.nproc is {params.impl.nproc}, but distill runs in one process", flush=True)
+    if distributed.relaunch(params.impl.nproc, "stages.distill"):
+        return
     cfg, ft = params.distill, params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}
     # the examples are finetune's: its selection params decide them
@@ -50,6 +50,8 @@ def main() -> None:
     stage_params = {"seed": params.seed, "device": params.device, "distill": cfg, "tasks": tasks,
                     "finetune": selection, "impl": params.impl}
     device = resolve_device(params.device)
+    context = distributed.setup(device.type)
+    device = distributed.device_for(context, device)
     metrics, results = {}, {}
     with tracking.stage_run("distill", params.tracking, params, stage_params) as run:
         for name, task_cfg in tasks.items():
@@ -60,17 +62,22 @@ def main() -> None:
             task_dir = args.checkpoints / name
             record = task_dir / RESULT
             if record.is_file() and json.loads(record.read_text(encoding="utf-8"))["fingerprint"] == run_id:
-                print(f"{name}: distilled in an earlier run, kept", flush=True)
+                distributed.say(context, f"{name}: distilled in an earlier run, kept")
                 result = DistillResult(**json.loads(record.read_text(encoding="utf-8"))["result"])
             else:
-                result = distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run)
+                result = distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run,
+                                      context)
             results[name] = result
             metrics[name] = summarise(result, task_cfg.metrics, info)
-        write_outputs(metrics, results, args, run)
-    shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
+        distributed.barrier(context)  # every rank is past reading the kept results
+        if context.main:
+            write_outputs(metrics, results, args, run)
+            shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
 
 
-def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run) -> DistillResult:
+def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run,
+                 context) -> DistillResult:
+    """One task's student, trained now (under torchrun by every rank; rank 0 alone writes)."""
     cfg, ft = params.distill, params.finetune
     tokenizer = load_tokenizer(teacher_dir)
     special = special_ids(tokenizer, params.tokenizer.special_tokens)
@@ -82,19 +89,19 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
         held_out = {example_hash(row) for row in rows.dev + (rows.eval or [])}
         texts, skipped = read_unlabeled(name, task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out)
         unlabeled = encode_rows(texts, task_cfg, tokenizer, special)[0]
-    print(f"{name}: teacher {info['variant']} (seed {info['seed']}), {len(task.train)} labeled + {len(unlabeled)} "
-          f"unlabeled transfer examples (skipped {skipped}), {len(task.dev)} dev", flush=True)
+    distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {len(task.train)} labeled + "
+        f"{len(unlabeled)} unlabeled transfer examples (skipped {skipped}), {len(task.dev)} dev")
     child = run.child(f"{name}/student", {"task": name, "teacher_variant": info["variant"]},
                       {"pipeline.role": "distill-run"})
 
     def on_epoch(row: dict) -> None:
-        print(f"{name} student epoch {row['epoch']}: " + "  ".join(
-            f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"), flush=True)
+        distributed.say(context, f"{name} student epoch {row['epoch']}: " + "  ".join(
+            f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
         child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 
     try:
         result, student = distill_task(teacher, task, unlabeled, task_cfg.metrics, cfg, params.impl, device,
-                                       params.seed, special["pad"], task_dir, run_id, on_epoch)
+                                       params.seed, special["pad"], task_dir, run_id, on_epoch, context)
     except BaseException:
         child.finish("FAILED")
         raise
@@ -102,7 +109,9 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
                        **{f"teacher_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.teacher[s] or {}).items()},
                        "best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
-    print(f"{name}: teacher {result.teacher}, student {result.student} ({result.seconds:.0f} s)", flush=True)
+    distributed.say(context, f"{name}: teacher {result.teacher}, student {result.student} ({result.seconds:.0f} s)")
+    if not context.main:
+        return result
     meta = {"task": name, "label_names": task.label_names, "encoding": info["encoding"], "variant": "student",
             "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,

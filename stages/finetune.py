@@ -16,7 +16,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from lib import tracking
+from lib import distributed, tracking
 from lib.classifier import load_classifier, save_classifier
 from lib.checkpoint import fingerprint
 from lib.config import load_params
@@ -41,13 +41,15 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
     args = parser.parse_args()
     params = load_params(args.params)
-    if params.impl.nproc > 1:  # data-parallel support covers pretrain and adapt so far
-        print(f"warning: impl.nproc is {params.impl.nproc}, but finetune runs in one process", flush=True)
+    if distributed.relaunch(params.impl.nproc, "stages.finetune"):
+        return
     cfg = params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}
     stage_params = {"seed": params.seed, "device": params.device, "finetune": cfg, "tasks": tasks, "impl": params.impl}
 
     device = resolve_device(params.device)
+    context = distributed.setup(device.type)
+    device = distributed.device_for(context, device)
     tokenizer = load_tokenizer(args.model)
     special = special_ids(tokenizer, params.tokenizer.special_tokens)
     adapted = load_model(args.model)
@@ -59,42 +61,45 @@ def main() -> None:
         for name, task_cfg in tasks.items():
             task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
                              max_train=cfg.train_limit(name), max_eval=cfg.max_eval_examples)
-            print(f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
-                  f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
-                  f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}", flush=True)
+            distributed.say(context, f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
+                f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
+                f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
             results = []
             for variant in cfg.variants:
                 for seed in range(params.seed, params.seed + cfg.seeds):
                     results.append(finetune_once(name, variant, seed, task, task_cfg.metrics, adapted, params, device,
-                                                 special["pad"], args, run_id, run))
+                                                 special["pad"], args, run_id, run, context))
             metrics[name] = summarise(task, task_cfg.metrics, results)
             curves[name] = results
-        write_outputs(metrics, curves, cfg.variants, args, run)
-    shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
+        distributed.barrier(context)  # every rank is past reading the kept runs
+        if context.main:
+            write_outputs(metrics, curves, cfg.variants, args, run)
+            shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
 
 
 def finetune_once(name, variant, seed, task, metric_names, adapted, params, device, pad_id, args, run_id,
-                  run) -> RunResult:
+                  run, context) -> RunResult:
     """One task x variant x seed: the result kept in --checkpoints if this configuration has it,
-    else trained now. The task's best classifier so far (by dev score) is kept there too."""
+    else trained now. The task's best classifier so far (by dev score) is kept there too. Under
+    torchrun every rank trains it; rank 0 alone writes."""
     task_dir = args.checkpoints / name
     saved = task_dir / f"{variant}-seed{seed}.json"
     if saved.is_file():
         record = json.loads(saved.read_text(encoding="utf-8"))
         if record["fingerprint"] == run_id:
-            print(f"{name} {variant} seed {seed}: done in an earlier run, kept", flush=True)
+            distributed.say(context, f"{name} {variant} seed {seed}: done in an earlier run, kept")
             return RunResult(**record["result"])
     child = run.child(f"{name}/{variant}/seed{seed}", {"task": name, "variant": variant, "seed": seed},
                       {"pipeline.role": "finetune-run"})
 
     def on_epoch(row: dict) -> None:
-        print(f"{name} {variant} seed {seed} epoch {row['epoch']}: train loss {row['train_loss']:.4f}  "
-              + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")), flush=True)
+        distributed.say(context, f"{name} {variant} seed {seed} epoch {row['epoch']}: train loss {row['train_loss']:.4f}  "
+            + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")))
         child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 
     try:
         result, model = run_variant(variant, task, metric_names, adapted, params.finetune, params.impl, device, seed,
-                                    pad_id, on_epoch)
+                                    pad_id, on_epoch, context)
     except BaseException:
         child.finish("FAILED")
         raise
@@ -102,8 +107,10 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
                        **{f"eval_{k}": v for k, v in (result.eval or {}).items()},
                        "best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
-    print(f"{name} {variant} seed {seed}: best epoch {result.best_epoch}, dev {result.dev}, "
-          f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)", flush=True)
+    distributed.say(context, f"{name} {variant} seed {seed}: best epoch {result.best_epoch}, dev {result.dev}, "
+        f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)")
+    if not context.main:
+        return result
     best_record = task_dir / f"{BEST}.json"
     best = json.loads(best_record.read_text(encoding="utf-8")) if best_record.is_file() else None
     score = result.dev[metric_names[0]]

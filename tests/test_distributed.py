@@ -1,5 +1,6 @@
 """Data parallel training with torchrun's environment on CPU (gloo, 2 processes): the same curve as one
 process with the same global batch, and an exact resume after both ranks are killed."""
+import dataclasses
 import json
 import os
 import socket
@@ -13,8 +14,12 @@ import torch.multiprocessing as mp
 from lib import distributed
 from lib.data import WindowBatches, fixed_windows
 from lib.errors import UserError
+from lib.distill import distill_task
+from lib.finetune import run_variant
+from lib.tasks import UNLABELED, Example
 from lib.packed import PackedTokens
 from lib.trainer import Trainer
+from tests import test_distill, test_finetune
 from tests.test_trainer import CFG, FP32, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
 
 
@@ -24,14 +29,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: str, dropout: float,
-          kill_at: int | None) -> None:
-    """One rank of a run (or the whole run when world is 1); rank 0 writes the curve to `out`."""
+def join(rank: int, world: int, port: int) -> distributed.Context:
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                           LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    context = distributed.setup("cpu")
+    return distributed.setup("cpu")
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(key, None)
+
+
+def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: str, dropout: float,
+          kill_at: int | None) -> None:
+    """One rank of a run (or the whole run when world is 1); rank 0 writes the curve to `out`."""
+    context = join(rank, world, port)
     torch.manual_seed(0)
     module = NextToken()
     module.drop.p = dropout
@@ -48,10 +64,21 @@ def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: st
     except KeyboardInterrupt:
         pass
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            os.environ.pop(key, None)
+        leave()
+
+
+def finetune(rank: int, world: int, port: int, variant: str, out: str) -> None:
+    """One rank of a finetune run of `variant` on the toy task; rank 0 writes what it reports."""
+    context = join(rank, world, port)
+    try:
+        result, _ = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(),
+                                test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), seed=1,
+                                pad_id=test_finetune.PAD, context=context)
+        if context.main:
+            with open(out, "w") as f:
+                json.dump({"history": result.history, "eval": result.eval, "steps": result.steps}, f)
+    finally:
+        leave()
 
 
 def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None) -> list | None:
@@ -93,3 +120,55 @@ def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
     with pytest.raises(UserError, match=r"pretrain.batch_size: 5 does not split evenly over 2 processes"):
         distributed.Context(rank=0, world=2).share(5, "pretrain.batch_size")
     assert distributed.Context(rank=1, world=2).share(8, "k") == slice(4, 8)
+
+
+def distill(rank: int, world: int, port: int, checkpoints: str, out: str) -> None:
+    """One rank of distilling a toy teacher with every loss term on, over labeled and unlabeled examples."""
+    context = join(rank, world, port)
+    try:
+        task = test_finetune.toy_task()
+        _, teacher = run_variant("from_scratch", task, ["accuracy"], test_finetune.backbone(n_layers=4),
+                                 test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD)
+        unlabeled = [Example(e.ids, e.segments, UNLABELED) for e in test_finetune.toy_task(n=100, seed=1).train]
+        cfg = dataclasses.replace(test_distill.DISTILL, pkd_weight=1.0, hidden_layers="all", hidden_weight=0.5)
+        result, _ = distill_task(teacher, task, unlabeled, ["accuracy"], cfg, test_finetune.IMPL, torch.device("cpu"),
+                                 0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
+        if context.main:
+            with open(out, "w") as f:
+                json.dump({"history": result.history, "student": result.student}, f)
+    finally:
+        leave()
+
+
+def test_distill_on_two_processes_matches_one(tmp_path):
+    results = []
+    for world in (1, 2):
+        args = (str(tmp_path / f"ckpt{world}"), str(tmp_path / f"{world}.json"))
+        if world == 1:
+            distill(0, 1, 0, *args)
+        else:
+            mp.spawn(distill, args=(world, free_port(), *args), nprocs=world, join=True)
+        results.append(json.loads((tmp_path / f"{world}.json").read_text()))
+    one, two = results
+    assert two["student"] == one["student"]
+    for a, b in zip(one["history"], two["history"], strict=True):
+        for key in ("soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4), key
+
+
+@pytest.mark.parametrize("variant", ["ulmfit", "plain"])
+def test_finetune_on_two_processes_matches_one(tmp_path, variant):
+    """The ulmfit variant unfreezes layer groups as it goes: DDP must sync them once they train."""
+    results = []
+    for world in (1, 2):
+        out = tmp_path / f"{world}.json"
+        if world == 1:
+            finetune(0, 1, 0, variant, str(out))
+        else:
+            mp.spawn(finetune, args=(world, free_port(), variant, str(out)), nprocs=world, join=True)
+        results.append(json.loads(out.read_text()))
+    one, two = results
+    assert two["steps"] == one["steps"] and two["eval"] == one["eval"]
+    for a, b in zip(one["history"], two["history"]):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["dev_accuracy"] == a["dev_accuracy"]

@@ -335,12 +335,21 @@ def test_a_stage_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path,
     assert again == whole
 
 
-def test_pretrain_under_torchrun_matches_one_process(repo, tmp_path):
+def keys(value, prefix=""):
+    return {prefix + k for k in value} | {x for k, v in value.items() if isinstance(v, dict)
+                                          for x in keys(v, f"{prefix}{k}.")} if isinstance(value, dict) else set()
+
+
+@pytest.mark.parametrize("stage", KILLS)
+def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
-    of outputs, and the validation loss of the one-process run with the same global batch."""
+    of outputs; pretraining (no dropout) reaches the one-process validation loss with the same global batch."""
     repo, _ = repo
+    inputs, changes, _ = KILLS[stage]
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["model"]["dropout"] = 0.0  # dropout draws differ per rank; without it the runs compute the same
+    if stage == "pretrain":
+        params.update(objective="clm")  # draws no random numbers but dropout's, which differ per rank:
+        params["model"]["dropout"] = 0.0  # without it, 2 ranks compute what 1 process does
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
     metrics = {}
@@ -349,18 +358,22 @@ def test_pretrain_under_torchrun_matches_one_process(repo, tmp_path):
         params_file = tmp_path / f"params{nproc}.yaml"
         params_file.write_text(yaml.safe_dump(params))
         out = tmp_path / str(nproc)
-        done = subprocess.run([sys.executable, "-m", "stages.pretrain", "--params", str(params_file),
+        done = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", str(params_file), *inputs,
                                "--out", str(out / "model"), "--metrics", str(out / "metrics.json"),
                                "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
                               cwd=repo, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         metrics[nproc] = json.loads((out / "metrics.json").read_text())
-        assert (out / "model" / "model.safetensors").is_file() and not (out / "ckpt").exists()
-    assert "running under torchrun" in done.stdout
-    assert done.stdout.count("validation") == metrics[2]["steps"] // params["pretrain"]["eval_every"]  # rank 0 alone
-    assert metrics[2]["val_loss"] == pytest.approx(metrics[1]["val_loss"], rel=1e-4)
-    assert metrics[2]["tokens_seen"] == metrics[1]["tokens_seen"]
+        assert any((out / "model").iterdir()) and not (out / "ckpt").exists()
+        lines = done.stdout
+    assert "running under torchrun" in lines
+    assert keys(metrics[2]) == keys(metrics[1])
+    if stage in ("pretrain", "adapt"):
+        assert lines.count("validation") == metrics[2]["steps"] // params[stage]["eval_every"] + (stage == "adapt")
+        assert metrics[2]["tokens_seen"] == metrics[1]["tokens_seen"]
+    if stage == "pretrain":
+        assert metrics[2]["val_loss"] == pytest.approx(metrics[1]["val_loss"], rel=1e-4)
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
-                              filter_string="tags.stage = 'pretrain'")
-    assert len(runs) == 2  # one per execution, none from rank 1
+                              filter_string=f"tags.stage = '{stage}'")
+    assert len([r for r in runs if r.data.tags.get("pipeline.role") == "stage"]) == 2  # one per execution, none from rank 1
