@@ -208,8 +208,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     torch.manual_seed(seed)
     distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model).to(device)
     student = distiller.student
-    synced = distiller if not context.active else nn.parallel.DistributedDataParallel(  # the LM head takes no part
-        distiller, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+    synced = distributed.wrap(distiller, context, device)
     optimizer = torch.optim.AdamW(discriminative_groups(distiller, [], cfg.lr, 1.0, cfg.weight_decay),
                                   betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
@@ -295,12 +294,10 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
     batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
     that DDP's mean over ranks is the whole batch's loss."""
     synced.train()
-    world, rank = context.world, context.rank
     sums: dict[str, float] = {}
     for group in batch_indices(transfer, cfg.batch_size, seed):
         n = len(group)
-        mine = group[rank * n // world:(rank + 1) * n // world] if n >= world else group
-        scale = world if n >= world else 1  # a batch smaller than the world: every rank computes it whole
+        mine, scale = context.part(group)
 
         def share(local: float, whole: float) -> float:
             return local / whole * scale if whole else 0.0
@@ -335,6 +332,6 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         for name, value in {**terms, "loss": loss}.items():  # each rank's part of the batch's mean
-            sums[name] = sums.get(name, 0.0) + value.item() / world * n
+            sums[name] = sums.get(name, 0.0) + value.item() / context.world * n
     totals = {name: distributed.total(context, value, device) for name, value in sorted(sums.items())}
     return {f"{name}_loss" if name != "loss" else "train_loss": total / len(transfer) for name, total in totals.items()}

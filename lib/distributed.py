@@ -51,6 +51,16 @@ class Context:
         return slice(self.rank * per, (self.rank + 1) * per)
 
 
+    def part(self, group: list[int]) -> tuple[list[int], int]:
+        """This rank's contiguous part of a batch's example indices and the factor that turns its
+        share-weighted loss into the whole batch's under DDP's mean: (part, world). A batch smaller
+        than the world is computed whole by every rank: (group, 1)."""
+        n = len(group)
+        if n < self.world:
+            return group, 1
+        return group[self.rank * n // self.world:(self.rank + 1) * n // self.world], self.world
+
+
 def relaunch(nproc: int, module: str) -> bool:
     """Run `module` (this stage) again under torchrun with nproc processes, unless nproc is 1 or this
     process is already one of torchrun's. True when it ran (the caller has nothing left to do)."""
@@ -77,6 +87,16 @@ def setup(device_type: str) -> Context:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return context
+
+
+def wrap(module: torch.nn.Module, context: Context, device: torch.device) -> torch.nn.Module:
+    """`module` under DDP when there are several ranks, else itself. find_unused_parameters: a step may
+    leave parameters out of its graph (segment embeddings without pairs, an LM head a classifier does
+    not use, layer groups still frozen)."""
+    if not context.active:
+        return module
+    return torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
 
 
 def device_for(context: Context, device: torch.device) -> torch.device:

@@ -142,9 +142,7 @@ class FullTrainer:
             model, task, cfg, impl, device, pad_id, seed)
         self.context = context
         # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later
-        # (find_unused_parameters: until then the frozen ones get no gradient)
-        self.synced = model if not context.active else torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        self.synced = distributed.wrap(model, context, device)
         self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
         self.groups = model.layer_groups(with_lm_head=self.aux)
         self.optimizer = torch.optim.AdamW(
@@ -172,13 +170,10 @@ class FullTrainer:
     def train_epoch(self, epoch: int) -> float:
         self.model.train()
         total, count = 0.0, 0
-        world, rank = self.context.world, self.context.rank
         for group in batch_indices(self.task.train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
-            n = len(group)
-            # this rank's share, weighted so that DDP's mean over ranks is the mean over the whole batch;
-            # a batch smaller than the world is computed whole by every rank
-            mine = group[rank * n // world:(rank + 1) * n // world] if n >= world else group
-            weight = len(mine) * world / n if n >= world else 1.0
+            # this rank's share, weighted so that DDP's mean over ranks is the mean over the whole batch
+            mine, scale = self.context.part(group)
+            weight = len(mine) / len(group) * scale
             batch = collate([self.task.train[i] for i in mine], self.pad_id).to(self.device)
             with autocast(self.device, self.impl):
                 logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
@@ -195,7 +190,7 @@ class FullTrainer:
             self.steps += 1
             if self.unfreeze_every:
                 self._set_trainable()
-            if n >= world or rank == 0:  # a batch computed whole by every rank counts once
+            if scale > 1 or self.context.main:  # a batch computed whole by every rank counts once
                 total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
         total, count = (distributed.total(self.context, v, self.device) for v in (total, count))
         return total / max(count, 1)

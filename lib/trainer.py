@@ -135,12 +135,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(param_groups(module, cfg, layer_groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=cfg.eps, fused=device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
-        self.synced = module
-        if context.active:
-            # find_unused_parameters: an objective may leave parameters out of a step's graph (the
-            # segment embeddings without sentence pairs, a generator's unused rows)
-            self.synced = nn.parallel.DistributedDataParallel(
-                module, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        self.synced = distributed.wrap(module, context, device)
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
         self.forward = torch.compile(self.synced) if compile_it else self.synced
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
