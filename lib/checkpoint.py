@@ -1,9 +1,10 @@
 """Training checkpoints: written atomically, checksummed, resumed only by a run of the same configuration.
 
 A run's checkpoint directory holds its last KEEP checkpoints, `ckpt-000001`, `ckpt-000002`, ...; each
-is a folder with the module's weights (safetensors), the optimizer, scheduler and every rank's RNG
-states (torch), the trainer's state (JSON) with a fingerprint of everything that determines the run,
-and a manifest of the files' SHA-256 sums, which is written last. Loading takes the newest checkpoint
+is a folder with the module's whole weights (safetensors; a sharded FSDP run gathers them, so they
+are the same file as a single process's), the optimizer, scheduler and every rank's RNG states
+(torch), the trainer's state (JSON) with a fingerprint of everything that determines the run, and a
+manifest of the files' SHA-256 sums, which is written last. Loading takes the newest checkpoint
 whose files match their sums; a truncated or corrupted one is reported in one line and the one before
 it is used. A run whose fingerprint differs (other params, other data) starts fresh and says so.
 """
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 
 from lib.config import flatten
+from lib.distributed import load_full_state
 from lib.errors import describe
 from lib.io import atomic_dir, write_json
 
@@ -57,16 +59,17 @@ def checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
-def save_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
                     scheduler: Any, state: dict[str, Any], rng: list[dict[str, Any]] | None = None) -> Path:
     """A new checkpoint in `directory` (all of it or nothing), then all but the newest KEEP removed.
-    `rng`: every rank's RNG states (rank order); None = this process's."""
+    `weights` and `optimizer_state` as lib.distributed.full_state returns them; `rng`: every rank's
+    RNG states (rank order), None = this process's."""
     existing = checkpoints(directory)
     number = int(existing[-1].name[len(PREFIX):]) + 1 if existing else 1
     path = directory / f"{PREFIX}{number:06d}"
     with atomic_dir(path) as tmp:
-        save_model(module, str(tmp / WEIGHTS))
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS))
+        torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                     "rng": rng if rng is not None else [rng_state()]}, tmp / TRAIN_STATE)
         write_json(tmp / STATE, state)
         write_json(tmp / MANIFEST, {name: file_sha256(tmp / name) for name in (WEIGHTS, TRAIN_STATE, STATE)})
@@ -91,7 +94,7 @@ def verify(path: Path) -> str | None:
 
 
 def load_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    fingerprint: str, device: torch.device, rank: int = 0) -> dict[str, Any] | None:
+                    fingerprint: str, rank: int = 0) -> dict[str, Any] | None:
     """Restore the newest good checkpoint of `directory` and return the trainer state it saved; None
     (start fresh) when there is none, or it belongs to another configuration. A corrupted checkpoint
     is reported and skipped for the one before it."""
@@ -105,13 +108,12 @@ def load_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.o
             if state.get("fingerprint") != fingerprint:
                 print(f"checkpoint {path} is from another configuration: starting fresh", file=sys.stderr)
                 return None
-            load_model(module, str(path / WEIGHTS), device=str(device))
-            saved = torch.load(path / TRAIN_STATE, map_location=device, weights_only=True)
+            saved = torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
             rng = saved["rng"][rank]
+            load_full_state(module, optimizer, load_file(str(path / WEIGHTS)), saved["optimizer"])
         except Exception as err:  # a foreign file with a valid manifest: the run can still start over
             print(f"checkpoint {path} cannot be read ({describe(err)}): starting fresh", file=sys.stderr)
             return None
-        optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         torch.set_rng_state(rng["torch"].cpu())
         if "cuda" in rng and torch.cuda.is_available():

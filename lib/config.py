@@ -461,7 +461,8 @@ class ImplConfig:
 
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast (CUDA and CPU), else fp32
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA only
-    nproc: int = 1  # processes (one per GPU) the training stages run under torchrun with DDP
+    nproc: int = 1  # processes (one per GPU) the training stages run under torchrun
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # fsdp: pretrain/adapt shard the model over them (FSDP2)
 
     def validate(self, key: str) -> None:
         if self.nproc < 1:

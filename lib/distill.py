@@ -154,27 +154,36 @@ def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers: list[int], summary_layers: list[int],
-                    batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig) -> TeacherOutputs:
+                    batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
+                    context: Context = Context()) -> TeacherOutputs:
     """The teacher's logits on `examples`, its states at `hidden_layers` (per real token) and its
-    summary states at `summary_layers` (layers 1-based), in one forward pass over them."""
+    summary states at `summary_layers` (layers 1-based), in one forward pass over them. Under
+    torchrun each rank runs every world-th batch and every rank gets the whole."""
     teacher.eval()
-    logits = torch.zeros(len(examples), teacher.head_cfg.n_classes)
-    hidden: list[torch.Tensor] = [torch.empty(0)] * len(examples) if hidden_layers else []
-    width = teacher.backbone.cfg.d_model
-    summary = torch.zeros(len(examples), len(summary_layers), width) if summary_layers else None
-    for group in batch_indices(examples, batch_size):
+
+    def outputs(group: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         batch = collate([examples[i] for i in group], pad_id).to(device)
         with autocast(device, impl):
             final, states = teacher.encode(batch.input_ids, batch.segment_ids, batch.attention_mask,
                                            output_hidden_states=True)
-            logits[group] = teacher.head(teacher.features(final, batch.attention_mask)).float().cpu()
+            logits = teacher.head(teacher.features(final, batch.attention_mask)).float().cpu()
+        summary = torch.stack([teacher.token_state(states[layer], batch.attention_mask)
+                               for layer in summary_layers], 1).float().cpu() if summary_layers else None
+        # per example, its real tokens only; bf16 halves the memory (the losses compare in float32)
+        hidden = [torch.stack([states[layer][row, :len(examples[i].ids)] for layer in hidden_layers])
+                  .to(torch.bfloat16).cpu() for row, i in enumerate(group)] if hidden_layers else []
+        return logits, summary, hidden
+
+    groups = batch_indices(examples, batch_size)
+    logits = torch.zeros(len(examples), teacher.head_cfg.n_classes)
+    hidden: list[torch.Tensor] = [torch.empty(0)] * len(examples) if hidden_layers else []
+    summary = torch.zeros(len(examples), len(summary_layers), teacher.backbone.cfg.d_model) if summary_layers else None
+    for group, (group_logits, group_summary, group_hidden) in zip(groups, distributed.spread(context, groups, outputs)):
+        logits[group] = group_logits
         if summary is not None:
-            summary[group] = torch.stack([teacher.token_state(states[layer], batch.attention_mask)
-                                          for layer in summary_layers], 1).float().cpu()
-        for row, i in enumerate(group):
-            if hidden_layers:  # bf16 halves the memory; the losses compare in float32
-                n = len(examples[i].ids)
-                hidden[i] = torch.stack([states[layer][row, :n] for layer in hidden_layers]).to(torch.bfloat16).cpu()
+            summary[group] = group_summary
+        for i, states in zip(group, group_hidden):
+            hidden[i] = states
     return TeacherOutputs(logits, hidden, summary)
 
 
@@ -186,8 +195,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     """Train a student on task.train + `unlabeled` from `teacher`, pick its best epoch on task.dev,
     score teacher and student on task.dev and task.eval. Resumes from checkpoint_dir when it holds a
     checkpoint with this fingerprint. Returns the result and the best student (on the CPU). Under
-    torchrun every rank calls it: each computes the teacher's outputs, trains on its share of every
-    batch (DDP) and scores every world-th example; rank 0 writes the checkpoints."""
+    torchrun every rank calls it: each computes the teacher's outputs on every world-th batch (and
+    gets all of them), trains on its share of every batch (DDP) and scores every world-th example;
+    rank 0 writes the checkpoints."""
     blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
     k = cfg.layers
     # (student layer, teacher layer) pairs, 1-based
@@ -200,7 +210,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     started = time.perf_counter()
     teacher = teacher.to(device)
     cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
-                            cfg.batch_size * 2, pad_id, device, impl)
+                            cfg.batch_size * 2, pad_id, device, impl, context)
     teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
     teacher.to("cpu")
     teacher_seconds = round(time.perf_counter() - started, 1)
@@ -215,7 +225,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     total = steps_per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
     checkpoint, best_path = checkpoint_dir / "epochs", checkpoint_dir / BEST_WEIGHTS
-    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, device, context.rank)
+    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, context.rank)
     if state is None or not best_path.is_file():
         state = {"fingerprint": fingerprint, "epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
                  "history": [], "seconds": 0.0}
@@ -241,8 +251,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
         state["epoch"] = epoch
         state["seconds"] += time.perf_counter() - epoch_started
         rng = distributed.gather(context, rng_state())  # every rank's, for an exact resume
+        weights, optimizer_state = distributed.full_state(distiller, optimizer)
         if context.main:
-            save_checkpoint(checkpoint, distiller, optimizer, scheduler, state, rng)
+            save_checkpoint(checkpoint, weights, optimizer_state, scheduler, state, rng)
         distributed.barrier(context)  # the best weights are on disk before any rank reads them
         on_epoch(row)
 

@@ -1,4 +1,4 @@
-"""Data-parallel training on PyTorch's own engine: torchrun launches the processes, DDP syncs them.
+"""Data-parallel training on PyTorch's own engine: torchrun launches the processes, DDP (or FSDP2) syncs them.
 
 A stage runs under torchrun when `impl.nproc` > 1: `relaunch` starts `python -m torch.distributed.run
 --standalone --nproc_per_node N -m stages.<stage> <same args>` and waits for it, so `dvc.yaml` stays
@@ -10,6 +10,12 @@ same for any number of processes; each rank reads its own contiguous share of ev
 (`batch_size / world` rows), so together they read exactly the batch one process would. DDP averages
 the gradients, the logged metrics are averaged over ranks, and only rank 0 writes checkpoints,
 outputs and MLflow runs.
+
+`impl.strategy: fsdp` shards the parameters, gradients and optimizer state over the ranks with FSDP2
+(`fully_shard` on every transformer block, then on the whole model) instead of replicating them, for
+models that do not fit one GPU. Checkpoints and outputs are then gathered whole on rank 0, in CPU
+memory, so they are the same files as DDP's and load anywhere. The pretrain and adapt stages shard;
+finetune and distill run DDP.
 """
 from __future__ import annotations
 
@@ -18,13 +24,15 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from lib.errors import UserError
 
+T, R = TypeVar("T"), TypeVar("R")
 TORCHRUN_ENV = "LOCAL_RANK"  # set by torchrun in every process it starts
 
 
@@ -61,14 +69,17 @@ class Context:
         return group[self.rank * n // self.world:(self.rank + 1) * n // self.world], self.world
 
 
-def relaunch(nproc: int, module: str) -> bool:
+def relaunch(nproc: int, strategy: str, module: str, shards: bool) -> bool:
     """Run `module` (this stage) again under torchrun with nproc processes, unless nproc is 1 or this
-    process is already one of torchrun's. True when it ran (the caller has nothing left to do)."""
+    process is already one of torchrun's. True when it ran (the caller has nothing left to do).
+    `shards`: whether the stage honours strategy fsdp (else it says it runs DDP)."""
     if nproc <= 1 or TORCHRUN_ENV in os.environ:
         return False
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", module, *sys.argv[1:]]
-    print(f"impl.nproc = {nproc}: running under torchrun", flush=True)
+    used = strategy if shards else "ddp"
+    print(f"impl.nproc = {nproc}: running under torchrun with {used}"
+          + ("" if used == strategy else f" (impl.strategy {strategy} shards pretrain and adapt only)"), flush=True)
     code = subprocess.call(command)
     if code:
         sys.exit(code)
@@ -89,13 +100,24 @@ def setup(device_type: str) -> Context:
     return context
 
 
-def wrap(module: torch.nn.Module, context: Context, device: torch.device) -> torch.nn.Module:
-    """`module` under DDP when there are several ranks, else itself. find_unused_parameters: a step may
-    leave parameters out of its graph (segment embeddings without pairs, an LM head a classifier does
-    not use, layer groups still frozen)."""
+def wrap(module: nn.Module, context: Context, device: torch.device, strategy: str = "ddp") -> nn.Module:
+    """`module` synced over the ranks, or itself with one process. "ddp": a DDP wrapper;
+    find_unused_parameters because a step may leave parameters out of its graph (segment embeddings
+    without pairs, an LM head a classifier does not use, layer groups still frozen). "fsdp": `module`
+    itself, sharded in place: each member of a ModuleList (the transformer blocks) is one unit that is
+    gathered for its forward and backward, the rest (embeddings, heads) is the root unit. Its
+    parameters are new objects then, so build optimizers after wrapping."""
     if not context.active:
         return module
-    return torch.nn.parallel.DistributedDataParallel(
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard  # imported on use: see sharded()
+
+        for blocks in [m for m in module.modules() if isinstance(m, nn.ModuleList)]:
+            for block in blocks:
+                fully_shard(block)
+        fully_shard(module)
+        return module
+    return nn.parallel.DistributedDataParallel(
         module, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
 
 
@@ -139,6 +161,12 @@ def gather(context: Context, obj: Any) -> list[Any]:
     return objects
 
 
+def spread(context: Context, items: list[T], compute: Callable[[T], R]) -> list[R]:
+    """[compute(item) for item in items] on every rank, each rank computing every world-th item."""
+    parts = gather(context, [compute(item) for item in items[context.rank::context.world]])
+    return [parts[i % context.world][i // context.world] for i in range(len(items))]
+
+
 def say(context: Context, line: str) -> None:
     """Print `line` on rank 0 alone (the console is shared)."""
     if context.main:
@@ -151,10 +179,93 @@ def barrier(context: Context) -> None:
 
 
 @contextlib.contextmanager
-def no_sync(module: torch.nn.Module, skip: bool) -> Iterator[None]:
-    """DDP's no_sync (no gradient all-reduce) around a micro-batch that is not the step's last."""
-    if skip and hasattr(module, "no_sync"):
+def no_sync(module: nn.Module, skip: bool) -> Iterator[None]:
+    """No gradient all-reduce (DDP) or reduce-scatter (FSDP) around a micro-batch that is not the
+    step's last."""
+    if skip and sharded(module):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    elif skip and hasattr(module, "no_sync"):
         with module.no_sync():
             yield
     else:
         yield
+
+
+def sharded(module: nn.Module) -> bool:
+    """Whether wrap sharded `module`. FSDP's modules are imported only then: imported in every
+    process, they made some 2-process gloo runs hang at exit."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def _state_dict_api() -> Any:
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _full_on_cpu() -> Any:
+    return _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def aliases(module: nn.Module) -> set[str]:
+    """Names of parameters that are another name's parameter too (tied embeddings, ELECTRA's shared
+    embeddings): a state dict without them holds every tensor once."""
+    seen: set[int] = set()
+    names = set()
+    for name, param in module.named_parameters(remove_duplicate=False):
+        (names.add(name) if id(param) in seen else seen.add(id(param)))
+    return names
+
+
+def full_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The whole model's tensors (no aliases), in CPU memory, and the optimizer's state. A sharded
+    `module`'s are gathered onto rank 0 (the other ranks get empty dicts), so every rank must call it;
+    its optimizer state is keyed by parameter name."""
+    skip = aliases(module)
+    if not sharded(module):
+        return {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in skip}, optimizer.state_dict()
+    api = _state_dict_api()
+    weights = api.get_model_state_dict(module, options=_full_on_cpu())
+    return ({k: v for k, v in weights.items() if k not in skip},
+            api.get_optimizer_state_dict(module, optimizer, options=_full_on_cpu()))
+
+
+def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any]) -> None:
+    """Put what full_state returned (read by every rank) into `module` and `optimizer`. Raises
+    ValueError, having changed nothing, when the names or shapes are not the model's."""
+    skip = aliases(module)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in skip}  # global shapes
+    found = {k: tuple(v.shape) for k, v in weights.items()}
+    if found != expected:
+        wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+        raise ValueError(f"weights do not fit this model ({', '.join(wrong[:3])} ...)")
+    if not sharded(module):
+        module.load_state_dict(weights, strict=False)  # the aliases are left out on purpose
+        optimizer.load_state_dict(optimizer_state)
+        return
+    api = _state_dict_api()
+    options = api.StateDictOptions(full_state_dict=True, strict=False)
+    api.set_model_state_dict(module, dict(weights), options=options)  # it replaces the dict's values: give a copy
+    api.set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+
+
+def unshard(module: nn.Module, context: Context) -> None:
+    """Make a sharded `module` whole again on rank 0 (plain parameters holding the full tensors, ties
+    kept), so that it can be saved like any module; nothing when it is not sharded. Every rank must
+    call it; only rank 0's module is usable afterwards, and for saving only."""
+    if not sharded(module):
+        return
+    weights = _state_dict_api().get_model_state_dict(module, options=_full_on_cpu())
+    if not context.main:
+        return
+    whole: dict[int, nn.Parameter] = {}
+    for name, param in list(module.named_parameters(remove_duplicate=False)):
+        owner, _, leaf = name.rpartition(".")
+        plain = whole.setdefault(id(param), nn.Parameter(weights[name], requires_grad=param.requires_grad))
+        module.get_submodule(owner)._parameters[leaf] = plain

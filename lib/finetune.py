@@ -95,14 +95,14 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
                 context: Context = Context()) -> tuple[RunResult, Classifier]:
     """Train `variant` on task.train, pick the best epoch on task.dev, score it on task.eval.
     Returns the result and the classifier with its best weights (on the CPU). Under torchrun every
-    rank calls it: the full variants train data-parallel, each rank its share of every batch; the
-    frozen variant's small probe trains the same on every rank."""
+    rank calls it: the full variants train data-parallel, each rank its share of every batch; for the
+    frozen variant the ranks share the feature extraction and each trains the same small probe."""
     torch.manual_seed(seed)
     plan = setup(variant, adapted, len(task.label_names), cfg)
     model = plan.model.to(device)
     started = time.perf_counter()  # the probe's feature extraction counts too
     if variant == "frozen":
-        trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id)
+        trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id, context)
     else:
         trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context)
     best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
@@ -211,8 +211,8 @@ class ProbeTrainer:
     is folded into the linear layer at the end, so the saved head reads raw features."""
 
     def __init__(self, model: Classifier, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
-                 device: torch.device, pad_id: int):
-        self.model, self.task, self.cfg, self.device = model, task, cfg, device
+                 device: torch.device, pad_id: int, context: Context = Context()):
+        self.model, self.task, self.cfg, self.device, self.context = model, task, cfg, device, context
         for p in model.backbone.parameters():
             p.requires_grad_(False)
         model.backbone.eval()
@@ -233,14 +233,16 @@ class ProbeTrainer:
 
     @torch.no_grad()
     def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        feats, labels = [], []
-        for batch in batches(examples, self.cfg.batch_size * 2, pad_id):
-            batch = batch.to(self.device)
+        """Features and labels of `examples` in `batches` order; under torchrun each rank encodes every
+        world-th batch."""
+        def encode(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            batch = collate([examples[i] for i in group], pad_id).to(self.device)
             with autocast(self.device, impl):
                 hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
-            feats.append(self.model.features(hidden.float(), batch.attention_mask))
-            labels.append(batch.labels)
-        return torch.cat(feats), torch.cat(labels)
+            return self.model.features(hidden.float(), batch.attention_mask).cpu(), batch.labels.cpu()  # CPU: ranks swap them
+
+        feats, labels = zip(*distributed.spread(self.context, batch_indices(examples, self.cfg.batch_size * 2), encode))
+        return torch.cat(feats).to(self.device), torch.cat(labels).to(self.device)
 
     def train_epoch(self, epoch: int) -> float:
         self.model.head.train()

@@ -69,6 +69,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
         if context.main:
             print(f"before {stage}: " + "  ".join(f"{k[11:]} {v:.4f}" for k, v in before.items()), flush=True)
     state = trainer.fit()
+    distributed.unshard(objective, context)  # a sharded model is gathered whole on rank 0
     if not context.main:
         return {}
     save_model_folder(objective, paths.tokenizer, paths.out)

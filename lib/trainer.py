@@ -125,17 +125,22 @@ class Trainer:
                  seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = (),
                  layer_groups: list[list[nn.Parameter]] | None = None, context: Context = Context()):
         """Under torchrun (context.active) `train` must read this rank's share of each batch, and
-        only rank 0 should get callbacks; checkpoints are written by rank 0."""
+        only rank 0 should get callbacks; checkpoints are written by rank 0. With impl.strategy fsdp
+        `module` is sharded in place."""
         self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
         self.context = context
         self.train, self.valid, self.seed = train, valid, seed
         self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
         self.step_tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
         self.total_steps = math.ceil(cfg.budget_tokens / self.step_tokens)
+        names = {id(p): name for name, p in module.named_parameters()}
+        group_names = [[names[id(p)] for p in group] for group in layer_groups or []]
+        self.synced = distributed.wrap(module, context, device, impl.strategy)
+        by_name = dict(module.named_parameters())  # sharding replaced the parameters: find them again
+        layer_groups = [[by_name[name] for name in group] for group in group_names]
         self.optimizer = torch.optim.AdamW(param_groups(module, cfg, layer_groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                            eps=cfg.eps, fused=device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
-        self.synced = distributed.wrap(module, context, device)
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
         self.forward = torch.compile(self.synced) if compile_it else self.synced
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
@@ -147,10 +152,10 @@ class Trainer:
     def fit(self) -> TrainState:
         """Train to the budget, resuming from the last checkpoint of this configuration if any."""
         saved = load_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler,
-                                self.fingerprint, self.device, self.context.rank)
+                                self.fingerprint, self.context.rank)
         if saved is not None:
             self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
-            print(f"resuming from step {self.state.step} ({self.state.tokens} tokens)", flush=True)
+            distributed.say(self.context, f"resuming from step {self.state.step} ({self.state.tokens} tokens)")
         self.module.train()
         window = defaultdict(float)  # sums of the metrics of the steps since the last log line
         while not distributed.agree(self.context, self._budget_spent(), self.device):  # rank 0's clock decides
@@ -208,8 +213,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens += self.step_tokens
-        if "grad_norm" in totals:
-            values["grad_norm"] = float(totals["grad_norm"])  # the same on every rank: gradients are synced
+        if "grad_norm" in totals:  # the same on every rank: gradients are synced (and sharded under FSDP)
+            norm = totals["grad_norm"]
+            values["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         return loss_value, values
 
     def _log(self, window: dict[str, float]) -> None:
@@ -226,19 +232,24 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Mean metrics over the fixed validation batches, each under its own fixed seed (the same masks
-        every time, whichever rank evaluates it); under torchrun the ranks split the batches."""
+        every time, whichever rank evaluates it); under torchrun the ranks split the batches. Every
+        rank runs as many forwards (a sharded model gathers its weights in each): a rank out of
+        batches repeats the first one and does not count it."""
         self.module.eval()
         sums: dict[str, float] = defaultdict(float)
         count = 0
+        world = self.context.world
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for i in range(self.context.rank, len(self.valid), self.context.world):
-                tokens, word_starts = self.valid[i]
+            for i in range(self.context.rank, math.ceil(len(self.valid) / world) * world, world):
+                counted = i < len(self.valid)
+                tokens, word_starts = self.valid[i if counted else 0]
                 torch.manual_seed(self.seed + i)
                 with autocast(self.device, self.impl):
                     _, metrics = self.module(tokens.to(self.device), word_starts.to(self.device))
-                for k, v in metrics.items():
-                    sums[k] += float(v) * len(tokens)
-                count += len(tokens)
+                if counted:
+                    for k, v in metrics.items():
+                        sums[k] += float(v) * len(tokens)
+                    count += len(tokens)
         self.module.train()
         names = distributed.gather(self.context, sorted(sums))[0]  # rank 0's names: a rank may hold no batch
         totals = distributed.mean(self.context, {k: sums[k] for k in names} | {"_count": count}, self.device)
@@ -253,6 +264,7 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
+        weights, optimizer_state = distributed.full_state(self.module, self.optimizer)
         if self.context.main:
             state = {**self.state.__dict__, "fingerprint": self.fingerprint}
-            save_checkpoint(self.checkpoint_dir, self.module, self.optimizer, self.scheduler, state, rng)
+            save_checkpoint(self.checkpoint_dir, weights, optimizer_state, self.scheduler, state, rng)

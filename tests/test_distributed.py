@@ -1,5 +1,6 @@
-"""Data parallel training with torchrun's environment on CPU (gloo, 2 processes): the same curve as one
-process with the same global batch, and an exact resume after both ranks are killed."""
+"""Data parallel training with torchrun's environment on CPU (gloo, 2 processes), replicated (DDP) and
+sharded (FSDP2): the same curve as one process with the same global batch, and an exact resume after
+both ranks are killed."""
 import dataclasses
 import json
 import os
@@ -10,17 +11,21 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from lib import distributed
+from lib.config import ModelConfig
 from lib.data import WindowBatches, fixed_windows
 from lib.errors import UserError
 from lib.distill import distill_task
 from lib.finetune import run_variant
+from lib.objectives import build_objective, save_objective
 from lib.tasks import UNLABELED, Example
 from lib.packed import PackedTokens
 from lib.trainer import Trainer
 from tests import test_distill, test_finetune
-from tests.test_trainer import CFG, FP32, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
+from tests.test_objectives import SPECIAL, tiny_params
+from tests.test_trainer import CFG, FP32, VOCAB, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
 
 
 def free_port() -> int:
@@ -45,22 +50,34 @@ def leave() -> None:
 
 
 def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: str, dropout: float,
-          kill_at: int | None) -> None:
-    """One rank of a run (or the whole run when world is 1); rank 0 writes the curve to `out`."""
+          kill_at: int | None, strategy: str, model: str) -> None:
+    """One rank of a run (or the whole run when world is 1) of the stand-in module (model "next") or a
+    tiny causal transformer with discriminative LRs ("clm"); rank 0 writes the curve to `out`, and
+    the transformer's model folder beside it."""
     context = join(rank, world, port)
     torch.manual_seed(0)
-    module = NextToken()
-    module.drop.p = dropout
-    batches = WindowBatches(PackedTokens(f"{data}/train"), CFG.seq_len + 1, CFG.batch_size, seed=1,
-                            rows=context.share(CFG.batch_size, "pretrain.batch_size"))
-    valid = fixed_windows(PackedTokens(f"{data}/valid"), CFG.seq_len + 1, CFG.batch_size, CFG.eval_batches)
-    trainer = Trainer(module, CFG, FP32, torch.device("cpu"), batches, valid, Path(checkpoints), "a", seed=1,
-                      callbacks=(KillAt(kill_at),) if kill_at else (), context=context)
+    layer_groups, cfg = None, CFG
+    if model == "clm":
+        shape = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=dropout, max_positions=32)
+        module = build_objective("clm", tiny_params(model=shape), VOCAB, SPECIAL)
+        layer_groups, cfg = module.backbone().layer_groups(), dataclasses.replace(CFG, lr_decay=2.6)
+    else:
+        module = NextToken()
+        module.drop.p = dropout
+    batches = WindowBatches(PackedTokens(f"{data}/train"), cfg.seq_len + 1, cfg.batch_size, seed=1,
+                            rows=context.share(cfg.batch_size, "pretrain.batch_size"))
+    valid = fixed_windows(PackedTokens(f"{data}/valid"), cfg.seq_len + 1, cfg.batch_size, cfg.eval_batches)
+    trainer = Trainer(module, cfg, dataclasses.replace(FP32, strategy=strategy), torch.device("cpu"), batches, valid,
+                      Path(checkpoints), "a", seed=1, callbacks=(KillAt(kill_at),) if kill_at else (),
+                      layer_groups=layer_groups, context=context)
     try:
         state = trainer.fit()
+        distributed.unshard(module, context)
         if context.main:
             with open(out, "w") as f:
                 json.dump(curve(state), f)
+            if model == "clm":
+                save_objective(module, Path(out).with_suffix(""))
     except KeyboardInterrupt:
         pass
     finally:
@@ -81,9 +98,10 @@ def finetune(rank: int, world: int, port: int, variant: str, out: str) -> None:
         leave()
 
 
-def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None) -> list | None:
+def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None,
+        strategy: str = "ddp", model: str = "next") -> list | None:
     out = tmp_path / f"{name}.json"
-    args = (world, free_port(), str(data), str(tmp_path / name), str(out), dropout, kill_at)
+    args = (world, free_port(), str(data), str(tmp_path / name), str(out), dropout, kill_at, strategy, model)
     if world == 1:
         train(0, *args)
     else:
@@ -96,24 +114,43 @@ def data(packed):  # noqa: F811
     return packed[0].prefix.parent
 
 
-def test_two_processes_follow_the_one_process_curve(data, tmp_path):
-    """Each rank reads half of every batch and DDP averages the gradients: with the same global batch
-    the loss curve is the single process's, up to float summation order."""
-    one = run(1, data, tmp_path, "one")
-    two = run(2, data, tmp_path, "two")
+def same_curve(one: list, two: list) -> None:
     assert [step for step, _ in two] == [step for step, _ in one]
     for (step, a), (_, b) in zip(one, two):
         assert b == pytest.approx(a, rel=1e-4, abs=1e-5), step
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_follow_the_one_process_curve(data, tmp_path, strategy):
+    """Each rank reads half of every batch and DDP averages the gradients (FSDP reduce-scatters them to
+    each rank's shard): with the same global batch the loss curve is the single process's, up to float
+    summation order."""
+    one = run(1, data, tmp_path, "one")
+    same_curve(one, run(2, data, tmp_path, "two", strategy=strategy))
     assert one[-1][1] < one[0][1] * 0.8  # it learned something
 
 
-def test_killed_under_ddp_resumes_exactly(data, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_killed_under_torchrun_resumes_exactly(data, tmp_path, strategy):
     """Both ranks stopped after step 13 (checkpoint at step 10), started again: every rank restores its
     own RNG state (dropout differs per rank), so the curve equals an uninterrupted 2-process run."""
-    whole = run(2, data, tmp_path, "whole", dropout=0.2)
-    assert run(2, data, tmp_path, "killed", dropout=0.2, kill_at=13) is None
-    resumed = run(2, data, tmp_path, "killed", dropout=0.2)
+    whole = run(2, data, tmp_path, "whole", dropout=0.2, strategy=strategy)
+    assert run(2, data, tmp_path, "killed", dropout=0.2, kill_at=13, strategy=strategy) is None
+    resumed = run(2, data, tmp_path, "killed", dropout=0.2, strategy=strategy)
     assert resumed == whole
+
+
+def test_a_sharded_transformer_trains_and_saves_as_one_process_does(data, tmp_path):
+    """FSDP shards each transformer block and the root (tied embeddings, discriminative LRs per layer
+    group): the curve and the saved model folder equal a single process's; a checkpoint it wrote
+    resumes exactly."""
+    one = run(1, data, tmp_path, "one", model="clm")
+    two = run(2, data, tmp_path, "two", model="clm", strategy="fsdp")
+    same_curve(one, two)
+    a, b = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("one", "two"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert run(2, data, tmp_path, "killed", kill_at=13, model="clm", strategy="fsdp") is None
+    assert run(2, data, tmp_path, "killed", model="clm", strategy="fsdp") == two
 
 
 def test_a_batch_that_does_not_split_over_the_processes_names_the_key():

@@ -8,6 +8,7 @@ import torch
 
 from lib import checkpoint
 from lib.checkpoint import load_checkpoint, save_checkpoint
+from lib.distributed import full_state
 from lib.io import atomic_dir, write_json
 from tests.helpers import ROOT
 
@@ -24,17 +25,17 @@ def state(module):
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     module = torch.nn.Linear(3, 3)
     optimizer, scheduler = state(module)
-    save_checkpoint(tmp_path, module, optimizer, scheduler, {"fingerprint": "a", "step": 5})
+    save_checkpoint(tmp_path, *full_state(module, optimizer), scheduler, {"fingerprint": "a", "step": 5})
     saved = {k: v.clone() for k, v in module.state_dict().items()}
     with torch.no_grad():
         module.weight.add_(1.0)
     monkeypatch.setattr(checkpoint.torch, "save", disk_full)  # the weights are written, then the disk is full
     with pytest.raises(OSError, match="No space left"):
-        save_checkpoint(tmp_path, module, optimizer, scheduler, {"fingerprint": "a", "step": 10})
+        save_checkpoint(tmp_path, *full_state(module, optimizer), scheduler, {"fingerprint": "a", "step": 10})
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000001"]  # no half-written checkpoint beside it
     restored = torch.nn.Linear(3, 3)
-    assert load_checkpoint(tmp_path, restored, *state(restored), "a", torch.device("cpu"))["step"] == 5
+    assert load_checkpoint(tmp_path, restored, *state(restored), "a")["step"] == 5
     assert all(torch.equal(restored.state_dict()[k], v) for k, v in saved.items())
 
 

@@ -3,6 +3,7 @@ import gzip
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -277,27 +278,33 @@ def without_timings(value):
     return value
 
 
-# stage -> its inputs, the params it trains with here, and when it has saved enough to be killed
+def saved_epochs(directory: Path) -> int:
+    return max((int(p.name.split("-")[1]) for p in directory.glob("*/epochs/ckpt-*")), default=0)
+
+
+# stage -> its inputs, the params it trains with here, its saved progress, and the progress points to
+# kill it after (all before its last save)
 KILLS = {
     "pretrain": (["--tokenizer", "data/tokenizer", "--tokens", "data/tokens/pretrain"],
                  {"objective": "mlm", "pretrain": dict(budget_tokens=32 * 8 * 120, checkpoint_every=20, eval_every=40)},
-                 lambda ckpt: max(checkpoint_steps(ckpt), default=0) >= 40),
+                 lambda ckpt: max(checkpoint_steps(ckpt), default=0), (20, 40, 60, 80)),
     "adapt": (["--model", "models/pretrain", "--tokens", "data/tokens/domain"],
               {"adapt": dict(budget_tokens=32 * 8 * 60, checkpoint_every=10, eval_every=20)},
-              lambda ckpt: max(checkpoint_steps(ckpt), default=0) >= 20),
+              lambda ckpt: max(checkpoint_steps(ckpt), default=0), (10, 20, 30, 40)),
     "finetune": (["--model", "models/adapt"], {"finetune": dict(epochs=3)},
-                 lambda ckpt: any(ckpt.glob("*/*-seed*.json"))),
-    "distill": (["--teachers", "models/finetune"], {"distill": dict(epochs=4)},
-                lambda ckpt: any(ckpt.glob("*/epochs/ckpt-*"))),
+                 lambda ckpt: len(list(ckpt.glob("*/*-seed*.json"))), (1, 2, 3)),
+    "distill": (["--teachers", "models/finetune"], {"distill": dict(epochs=4)}, saved_epochs, (1, 2)),
 }
 
 
 @pytest.mark.parametrize("stage", KILLS)
 def test_a_stage_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path, stage):
-    """SIGKILL a training stage once it has saved progress, start it again: it resumes (never from zero)
-    and its metrics equal those of a run that was never interrupted, as do two uninterrupted runs'."""
+    """SIGKILL a training stage at a random point after it has saved progress, start it again: it
+    resumes (never from zero) and its metrics equal those of a run that was never interrupted, as do
+    two uninterrupted runs'. The point: a random one of the stage's saves, then a random wait of up to
+    half a second (into the next step, epoch or run); the seed is in the failure message."""
     repo, _ = repo
-    inputs, changes, saved_enough = KILLS[stage]
+    inputs, changes, progress, points = KILLS[stage]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
     for key, value in changes.items():
@@ -316,22 +323,32 @@ def test_a_stage_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path,
                 *[arg if arg.startswith("--") else str(tmp_path / name / arg) for arg in outputs]]
 
     for name in ("whole", "again"):
-        subprocess.run(command(name), cwd=repo, env=env, check=True, capture_output=True, timeout=600)
-    process = subprocess.Popen(command("killed"), cwd=repo, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not saved_enough(tmp_path / "killed" / "ckpt") and process.poll() is None:
-        assert time.monotonic() < deadline, "nothing saved to resume from"
-        time.sleep(0.02)
+        done = subprocess.run(command(name), cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    seed = int(os.environ.get("KILL_SEED", random.randrange(10**6)))
+    rng = random.Random(seed)
+    point, wait = rng.choice(points), rng.uniform(0, 0.5)
+    for point, wait in ((point, wait), (points[0], 0.0)):  # a run that ends first is killed sooner
+        shutil.rmtree(tmp_path / "killed", ignore_errors=True)
+        process = subprocess.Popen(command("killed"), cwd=repo, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while progress(tmp_path / "killed" / "ckpt") < point and process.poll() is None:
+            assert time.monotonic() < deadline, "nothing saved to resume from"
+            time.sleep(0.02)
+        time.sleep(wait)
+        if process.poll() is None:
+            break
     process.send_signal(signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL, "the stage ended before it could be killed"
+    where = f"KILL_SEED={seed}: killed {wait:.2f} s after save {point}"
+    assert process.wait() == -signal.SIGKILL, f"the stage ended before it could be killed ({where})"
     assert not (tmp_path / "killed" / "metrics.json").exists() and not (tmp_path / "killed" / "out").exists()
     resumed = subprocess.run(command("killed"), cwd=repo, env=env, check=True, capture_output=True, text=True,
                              timeout=600)
     assert re.search(r"resuming from step|done in an earlier run, kept|resuming the student after epoch", resumed.stdout)
     whole, again, killed = (without_timings(json.loads((tmp_path / name / "metrics.json").read_text()))
                             for name in ("whole", "again", "killed"))
-    assert killed == whole
+    assert killed == whole, where
     assert again == whole
 
 
@@ -343,9 +360,10 @@ def keys(value, prefix=""):
 @pytest.mark.parametrize("stage", KILLS)
 def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
-    of outputs; pretraining (no dropout) reaches the one-process validation loss with the same global batch."""
+    of outputs; pretraining (no dropout) reaches the one-process validation loss with the same global batch,
+    replicated (DDP) and, for pretrain and adapt, sharded (FSDP2)."""
     repo, _ = repo
-    inputs, changes, _ = KILLS[stage]
+    inputs, changes, _, _ = KILLS[stage]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     if stage == "pretrain":
         params.update(objective="clm")  # draws no random numbers but dropout's, which differ per rank:
@@ -353,27 +371,29 @@ def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
     metrics = {}
-    for nproc in (1, 2):
-        params["impl"]["nproc"] = nproc
-        params_file = tmp_path / f"params{nproc}.yaml"
+    runs = [(1, "ddp"), (2, "ddp"), *([(2, "fsdp")] if stage in ("pretrain", "adapt") else [])]
+    for nproc, strategy in runs:
+        params["impl"].update(nproc=nproc, strategy=strategy)
+        params_file = tmp_path / f"params{nproc}{strategy}.yaml"
         params_file.write_text(yaml.safe_dump(params))
-        out = tmp_path / str(nproc)
+        out = tmp_path / f"{nproc}{strategy}"
         done = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", str(params_file), *inputs,
                                "--out", str(out / "model"), "--metrics", str(out / "metrics.json"),
                                "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
                               cwd=repo, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        metrics[nproc] = json.loads((out / "metrics.json").read_text())
+        metrics[nproc, strategy] = json.loads((out / "metrics.json").read_text())
         assert any((out / "model").iterdir()) and not (out / "ckpt").exists()
-        lines = done.stdout
-    assert "running under torchrun" in lines
-    assert keys(metrics[2]) == keys(metrics[1])
-    if stage in ("pretrain", "adapt"):
-        assert lines.count("validation") == metrics[2]["steps"] // params[stage]["eval_every"] + (stage == "adapt")
-        assert metrics[2]["tokens_seen"] == metrics[1]["tokens_seen"]
-    if stage == "pretrain":
-        assert metrics[2]["val_loss"] == pytest.approx(metrics[1]["val_loss"], rel=1e-4)
+        assert nproc == 1 or f"running under torchrun with {strategy}" in done.stdout
+        one, this = metrics[1, "ddp"], metrics[nproc, strategy]
+        assert keys(this) == keys(one)
+        if stage in ("pretrain", "adapt"):
+            assert done.stdout.count("validation") == this["steps"] // params[stage]["eval_every"] + (stage == "adapt")
+            assert this["tokens_seen"] == one["tokens_seen"]
+        if stage == "pretrain":
+            assert this["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4)
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
-                              filter_string=f"tags.stage = '{stage}'")
-    assert len([r for r in runs if r.data.tags.get("pipeline.role") == "stage"]) == 2  # one per execution, none from rank 1
+    found = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
+                               filter_string=f"tags.stage = '{stage}'")
+    tracked = [r for r in found if r.data.tags.get("pipeline.role") == "stage"]
+    assert len(tracked) == len(runs)  # one per execution, none from rank 1
