@@ -251,7 +251,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
         state["epoch"] = epoch
         state["seconds"] += time.perf_counter() - epoch_started
         rng = distributed.gather(context, rng_state())  # every rank's, for an exact resume
-        weights, optimizer_state = distributed.full_state(distiller, optimizer)
+        weights, optimizer_state = distributed.full_state(distiller, optimizer, context)
         if context.main:
             save_checkpoint(checkpoint, weights, optimizer_state, scheduler, state, rng)
         distributed.barrier(context)  # the best weights are on disk before any rank reads them

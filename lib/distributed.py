@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lib.config import ImplConfig
 from lib.errors import UserError
 
 T, R = TypeVar("T"), TypeVar("R")
@@ -69,10 +70,11 @@ class Context:
         return group[self.rank * n // self.world:(self.rank + 1) * n // self.world], self.world
 
 
-def relaunch(nproc: int, strategy: str, module: str, shards: bool) -> bool:
-    """Run `module` (this stage) again under torchrun with nproc processes, unless nproc is 1 or this
-    process is already one of torchrun's. True when it ran (the caller has nothing left to do).
-    `shards`: whether the stage honours strategy fsdp (else it says it runs DDP)."""
+def relaunch(impl: ImplConfig, module: str, shards: bool) -> bool:
+    """Run `module` (this stage) again under torchrun with impl.nproc processes, unless that is 1 or
+    this process is already one of torchrun's. True when it ran (the caller has nothing left to do).
+    `shards`: whether the stage honours impl.strategy fsdp (else it says it runs DDP)."""
+    nproc, strategy = impl.nproc, impl.strategy
     if nproc <= 1 or TORCHRUN_ENV in os.environ:
         return False
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
@@ -225,12 +227,15 @@ def aliases(module: nn.Module) -> set[str]:
     return names
 
 
-def full_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The whole model's tensors (no aliases), in CPU memory, and the optimizer's state. A sharded
-    `module`'s are gathered onto rank 0 (the other ranks get empty dicts), so every rank must call it;
+def full_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+               context: Context = Context()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The whole model's tensors (no aliases), in CPU memory, and the optimizer's state, on rank 0;
+    the other ranks get empty dicts. A sharded `module`'s are gathered, so every rank must call it;
     its optimizer state is keyed by parameter name."""
     skip = aliases(module)
     if not sharded(module):
+        if not context.main:
+            return {}, {}
         return {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in skip}, optimizer.state_dict()
     api = _state_dict_api()
     weights = api.get_model_state_dict(module, options=_full_on_cpu())

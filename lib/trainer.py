@@ -264,7 +264,7 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
-        weights, optimizer_state = distributed.full_state(self.module, self.optimizer)
+        weights, optimizer_state = distributed.full_state(self.module, self.optimizer, self.context)
         if self.context.main:
             state = {**self.state.__dict__, "fingerprint": self.fingerprint}
             save_checkpoint(self.checkpoint_dir, weights, optimizer_state, self.scheduler, state, rng)
