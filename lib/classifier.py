@@ -76,11 +76,13 @@ class Classifier(nn.Module):
         mean_pool = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
         return torch.cat([token, max_pool, mean_pool], dim=-1)
 
-    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
-                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits (B, n_classes), hidden (B, T, d_model))."""
-        hidden = self.encode(input_ids, segment_ids, attention_mask)
-        return self.head(self.features(hidden, attention_mask)), hidden
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, Any]:
+        """(logits (B, n_classes), the final hidden states (B, T, d_model)); with output_hidden_states
+        (logits, (final states, every layer's)), the latter as Transformer returns them."""
+        hidden = self.encode(input_ids, segment_ids, attention_mask, output_hidden_states=output_hidden_states)
+        final = hidden[0] if output_hidden_states else hidden
+        return self.head(self.features(final, attention_mask)), hidden
 
     def layer_groups(self, with_lm_head: bool = False) -> list[list[nn.Parameter]]:
         """Bottom to top: the backbone's groups, with the head joining the top one (its final norm).

@@ -340,9 +340,9 @@ class FinetuneConfig:
     stlr: bool = True  # ulmfit's schedule; false: warmup_frac warmup then linear decay, as plain (ablation)
     plain_lr: float = 1e-3  # plain
     scratch_lr: float = 1e-3  # from_scratch: random weights need a larger LR than pretrained ones
-    warmup_frac: float = 0.1  # plain, from_scratch, frozen: linear warmup, then linear decay to 0
-    probe_lr: float = 1e-2  # frozen
-    probe_epochs: int = 20  # frozen: the probe trains on cached features, so epochs are cheap
+    warmup_frac: float = 0.1  # plain, from_scratch: linear warmup, then linear decay to 0
+    # frozen: inverse L2 strengths of the logistic-regression probe, the best picked on dev
+    probe_c: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     head_hidden: int = 128  # ULMFiT classifier block: concat pool -> norm, dropout, linear, ReLU, norm, dropout, linear
@@ -351,7 +351,7 @@ class FinetuneConfig:
     patience: int = 2  # epochs without a better dev score before stopping
 
     def validate(self, key: str) -> None:
-        at_least_one(self, key, "seeds", "epochs", "probe_epochs", "batch_size", "dev_max", "head_hidden", "patience")
+        at_least_one(self, key, "seeds", "epochs", "batch_size", "dev_max", "head_hidden", "patience")
         for name in ("tasks", "variants"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
@@ -364,8 +364,10 @@ class FinetuneConfig:
             if limit is not None and limit < 1:
                 raise ParamsError(f"{key}.max_train_examples{'.' + task if task else ''}: {limit} must be >= 1 "
                                   "(or null for all)")
-        if min(self.lr, self.plain_lr, self.scratch_lr, self.probe_lr) <= 0 or not 0 <= self.warmup_frac < 1:
-            raise ParamsError(f"{key}: lr, plain_lr, scratch_lr and probe_lr must be > 0 and warmup_frac in [0, 1)")
+        if min(self.lr, self.plain_lr, self.scratch_lr) <= 0 or not 0 <= self.warmup_frac < 1:
+            raise ParamsError(f"{key}: lr, plain_lr and scratch_lr must be > 0 and warmup_frac in [0, 1)")
+        if not self.probe_c or min(self.probe_c) <= 0:
+            raise ParamsError(f"{key}.probe_c: {self.probe_c} must be a non-empty list of positive numbers")
         if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0 or self.weight_decay < 0:
             raise ParamsError(f"{key}: need 0 <= head_dropout < 1, aux_lm_weight >= 0, weight_decay >= 0")
         check_ulmfit_lr(self, key)
@@ -462,7 +464,7 @@ class ImplConfig:
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast (CUDA and CPU), else fp32
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA only
     nproc: int = 1  # processes (one per GPU) the training stages run under torchrun
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # fsdp: pretrain/adapt shard the model over them (FSDP2)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # fsdp: the training stages shard their models over them (FSDP2)
 
     def validate(self, key: str) -> None:
         if self.nproc < 1:

@@ -123,10 +123,11 @@ class Distiller(nn.Module):
                 hidden_layers: list[int], summary_layers: list[int]) -> tuple[torch.Tensor, list, list]:
         """The student's logits (float32), and at the given student layers (1-based) its states and
         summary states projected to the teacher's width. Everything the losses read comes out of
-        this one forward, so that DDP sees every parameter that gets a gradient."""
+        this one forward, so that DDP sees every parameter that gets a gradient; the student's own
+        forward, so that FSDP gathers it as the unit it is (it is also scored on its own)."""
         student = self.student
-        final, states = student.encode(input_ids, segment_ids, mask, output_hidden_states=True)
-        logits = student.head(student.features(final, mask)).float()
+        logits, (_, states) = student(input_ids, segment_ids, mask, output_hidden_states=True)
+        logits = logits.float()
         hidden = [self.projections[s - 1](states[s].float()) for s in hidden_layers]
         summary = [self.projections[s - 1](student.token_state(states[s], mask).float()) for s in summary_layers]
         return logits, hidden, summary
@@ -196,8 +197,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     score teacher and student on task.dev and task.eval. Resumes from checkpoint_dir when it holds a
     checkpoint with this fingerprint. Returns the result and the best student (on the CPU). Under
     torchrun every rank calls it: each computes the teacher's outputs on every world-th batch (and
-    gets all of them), trains on its share of every batch (DDP) and scores every world-th example;
-    rank 0 writes the checkpoints."""
+    gets all of them), trains on its share of every batch (DDP) and scores every world-th batch;
+    rank 0 writes the checkpoints. With impl.strategy fsdp the teacher and the student are sharded
+    over the ranks, and the returned student is whole on rank 0 only."""
     blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
     k = cfg.layers
     # (student layer, teacher layer) pairs, 1-based
@@ -207,18 +209,24 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     n_classes = len(task.label_names)
     transfer = task.train + unlabeled
 
+    torch.manual_seed(seed)
+    distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model)  # from the whole teacher
+    student = distiller.student
+    teacher_params = teacher.backbone.num_params() + sum(p.numel() for p in teacher.head.parameters())
+
     started = time.perf_counter()
     teacher = teacher.to(device)
+    fsdp = impl.strategy == "fsdp" and context.active
+    if fsdp:  # the backbone, whose forward gathers its shards: teacher_outputs calls its parts, not its forward
+        distributed.shard(teacher.backbone, context)
     cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
                             cfg.batch_size * 2, pad_id, device, impl, context)
     teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
-    teacher.to("cpu")
+    if not fsdp:  # a sharded teacher keeps its 1/world share where it is
+        teacher.to("cpu")
     teacher_seconds = round(time.perf_counter() - started, 1)
 
-    torch.manual_seed(seed)
-    distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model).to(device)
-    student = distiller.student
-    synced = distributed.wrap(distiller, context, device)
+    synced = distributed.wrap(distiller.to(device), context, device, impl.strategy, parts=[student])
     optimizer = torch.optim.AdamW(discriminative_groups(distiller, [], cfg.lr, 1.0, cfg.weight_decay),
                                   betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
@@ -243,9 +251,10 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
         state["history"].append(row)
         if dev[metrics[0]] > state["best_score"]:
             state.update(best_score=dev[metrics[0]], best_epoch=epoch, bad_epochs=0)
+            best_weights, _ = distributed.full_state(student, None, context)
             if context.main:
                 with atomic_file(best_path, "wb") as f:
-                    f.write(safetensors.torch.save(student_weights(student)))
+                    f.write(safetensors.torch.save(best_weights))
         else:
             state["bad_epochs"] += 1
         state["epoch"] = epoch
@@ -258,26 +267,14 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
         on_epoch(row)
 
     scoring_started = time.perf_counter()
-    safetensors.torch.load_model(student, str(best_path), device=str(device))
+    distributed.load_full_state(student, None, safetensors.torch.load_file(str(best_path)))
     student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)
+    student_params = student.backbone.num_params() + sum(p.numel() for p in student.head.parameters())
     result = DistillResult(
         task.name, teacher_scores, student_scores, confusion, state["best_epoch"], state["history"],
         round(state["seconds"] + time.perf_counter() - scoring_started, 1), teacher_seconds,
-        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map,
-        student.backbone.num_params() + sum(p.numel() for p in student.head.parameters()),
-        teacher.backbone.num_params() + sum(p.numel() for p in teacher.head.parameters()))
-    return result, student.to("cpu").eval()
-
-
-def student_weights(student: Classifier) -> dict[str, torch.Tensor]:
-    """The student's state dict with tied tensors stored once (safetensors refuses shared memory)."""
-    seen: dict[int, str] = {}
-    weights = {}
-    for name, tensor in student.state_dict().items():
-        if tensor.data_ptr() not in seen:
-            seen[tensor.data_ptr()] = name
-            weights[name] = tensor.detach().cpu().contiguous()
-    return weights
+        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map, student_params, teacher_params)
+    return result, distributed.to_cpu(student.eval(), context)
 
 
 def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: int, pad_id: int,
@@ -301,7 +298,7 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
                 impl: ImplConfig, device: torch.device, pad_id: int, optimizer: torch.optim.Optimizer,
                 scheduler: Any, seed: int, context: Context = Context()) -> dict[str, float]:
     """One pass over the transfer set; returns the mean of each loss term (and the total) per example.
-    `synced` is the Distiller, DDP-wrapped under torchrun: then each rank takes its share of every
+    `synced` is the Distiller, wrapped under torchrun (DDP or FSDP): then each rank takes its share of every
     batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
     that DDP's mean over ranks is the whole batch's loss."""
     synced.train()
@@ -309,31 +306,28 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
     for group in batch_indices(transfer, cfg.batch_size, seed):
         n = len(group)
         mine, scale = context.part(group)
-
-        def share(local: float, whole: float) -> float:
-            return local / whole * scale if whole else 0.0
-
         batch = collate([transfer[i] for i in mine], pad_id).to(device)
         mask = batch.attention_mask
         with autocast(device, impl):
             logits, hidden, summary = synced(batch.input_ids, batch.segment_ids, mask,
                                              [s for s, _ in hidden_pairs], [s for s, _ in summary_pairs])
-        terms = {"soft": soft_loss(logits, cache.logits[mine].to(device), cfg.temperature) * share(len(mine), n)}
+        examples = distributed.share(len(mine), n, scale)
+        terms = {"soft": soft_loss(logits, cache.logits[mine].to(device), cfg.temperature) * examples}
         labeled = batch.labels != UNLABELED
         n_labeled = sum(transfer[i].label != UNLABELED for i in group)
         if cfg.hard_weight > 0 and n_labeled:
             hard = F.cross_entropy(logits[labeled], batch.labels[labeled]) if labeled.any() else logits.sum() * 0
-            terms["hard"] = hard * share(int(labeled.sum()), n_labeled)
+            terms["hard"] = hard * distributed.share(int(labeled.sum()), n_labeled, scale)
         if hidden_pairs:
             target = torch.zeros(len(mine), len(hidden_pairs), mask.shape[1], cache.hidden[mine[0]].shape[-1])
             for row, i in enumerate(mine):
                 target[row, :, : len(transfer[i].ids)] = cache.hidden[i].float()
             target = target.to(device)
-            tokens = share(int(mask.sum()), sum(len(transfer[i].ids) for i in group))
+            tokens = distributed.share(int(mask.sum()), sum(len(transfer[i].ids) for i in group), scale)
             terms["hidden"] = sum(hidden_loss(hidden[j], target[:, j], mask, cfg.hidden_loss)
                                   for j in range(len(hidden_pairs))) / len(hidden_pairs) * tokens
         if summary_pairs:
-            terms["pkd"] = patient_loss(torch.stack(summary, 1), cache.summary[mine].to(device)) * share(len(mine), n)
+            terms["pkd"] = patient_loss(torch.stack(summary, 1), cache.summary[mine].to(device)) * examples
         weights = {"soft": cfg.soft_weight, "hard": cfg.hard_weight, "hidden": cfg.hidden_weight, "pkd": cfg.pkd_weight}
         loss = sum(weights[name] * term for name, term in terms.items())
         loss.backward()

@@ -14,8 +14,10 @@ outputs and MLflow runs.
 `impl.strategy: fsdp` shards the parameters, gradients and optimizer state over the ranks with FSDP2
 (`fully_shard` on every transformer block, then on the whole model) instead of replicating them, for
 models that do not fit one GPU. Checkpoints and outputs are then gathered whole on rank 0, in CPU
-memory, so they are the same files as DDP's and load anywhere. The pretrain and adapt stages shard;
-finetune and distill run DDP.
+memory, so they are the same files as DDP's and load anywhere. Every training stage shards: finetune
+its classifiers (the frozen probe's backbone), distill its student and its teacher. A sharded forward
+is a collective, so whatever runs one (validation, prediction, the teacher's outputs) runs the same
+number of them on every rank (`spread`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -70,18 +72,22 @@ class Context:
         return group[self.rank * n // self.world:(self.rank + 1) * n // self.world], self.world
 
 
-def relaunch(impl: ImplConfig, module: str, shards: bool) -> bool:
+def share(local: float, whole: float, scale: int) -> float:
+    """The weight of a loss term this rank computed over `local` of a batch's `whole` units (examples,
+    labeled examples, tokens), `scale` as Context.part gives it: DDP's mean of the weighted terms over
+    the ranks is then the term over the whole batch."""
+    return local / whole * scale if whole else 0.0
+
+
+def relaunch(impl: ImplConfig, module: str) -> bool:
     """Run `module` (this stage) again under torchrun with impl.nproc processes, unless that is 1 or
-    this process is already one of torchrun's. True when it ran (the caller has nothing left to do).
-    `shards`: whether the stage honours impl.strategy fsdp (else it says it runs DDP)."""
-    nproc, strategy = impl.nproc, impl.strategy
+    this process is already one of torchrun's. True when it ran (the caller has nothing left to do)."""
+    nproc = impl.nproc
     if nproc <= 1 or TORCHRUN_ENV in os.environ:
         return False
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", module, *sys.argv[1:]]
-    used = strategy if shards else "ddp"
-    print(f"impl.nproc = {nproc}: running under torchrun with {used}"
-          + ("" if used == strategy else f" (impl.strategy {strategy} shards pretrain and adapt only)"), flush=True)
+    print(f"impl.nproc = {nproc}: running under torchrun with {impl.strategy}", flush=True)
     code = subprocess.call(command)
     if code:
         sys.exit(code)
@@ -102,25 +108,40 @@ def setup(device_type: str) -> Context:
     return context
 
 
-def wrap(module: nn.Module, context: Context, device: torch.device, strategy: str = "ddp") -> nn.Module:
+def wrap(module: nn.Module, context: Context, device: torch.device, strategy: str = "ddp",
+         parts: Sequence[nn.Module] = ()) -> nn.Module:
     """`module` synced over the ranks, or itself with one process. "ddp": a DDP wrapper;
     find_unused_parameters because a step may leave parameters out of its graph (segment embeddings
     without pairs, an LM head a classifier does not use, layer groups still frozen). "fsdp": `module`
-    itself, sharded in place: each member of a ModuleList (the transformer blocks) is one unit that is
-    gathered for its forward and backward, the rest (embeddings, heads) is the root unit. Its
-    parameters are new objects then, so build optimizers after wrapping."""
+    itself, sharded in place (see shard). Its parameters are new objects then, so build optimizers
+    after wrapping."""
     if not context.active:
         return module
     if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard  # imported on use: see sharded()
-
-        for blocks in [m for m in module.modules() if isinstance(m, nn.ModuleList)]:
-            for block in blocks:
-                fully_shard(block)
-        fully_shard(module)
-        return module
+        return shard(module, context, parts)
     return nn.parallel.DistributedDataParallel(
         module, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+
+
+def shard(module: nn.Module, context: Context, parts: Sequence[nn.Module] = ()) -> nn.Module:
+    """`module` sharded in place with FSDP2; itself, unchanged, with one process. Units, each gathered
+    for its forward (and backward) only: every member with parameters of a ModuleList (the transformer
+    blocks), then each of `parts` (submodules whose forward is also called on its own, such as a
+    student scored outside its distiller), then the rest (embeddings, heads) as the root. A unit's
+    parameters are gathered by its `forward`: call parts' other methods inside a forward only. Also
+    for a model that only runs forwards (a teacher's backbone): each rank holds 1/world of it."""
+    if not context.active:
+        return module
+    from torch.distributed.fsdp import fully_shard  # imported on use: see sharded()
+
+    for blocks in [m for m in module.modules() if isinstance(m, nn.ModuleList)]:
+        for block in blocks:
+            if next(block.parameters(), None) is not None:
+                fully_shard(block)
+    for part in parts:
+        fully_shard(part)
+    fully_shard(module)
+    return module
 
 
 def device_for(context: Context, device: torch.device) -> torch.device:
@@ -164,8 +185,14 @@ def gather(context: Context, obj: Any) -> list[Any]:
 
 
 def spread(context: Context, items: list[T], compute: Callable[[T], R]) -> list[R]:
-    """[compute(item) for item in items] on every rank, each rank computing every world-th item."""
-    parts = gather(context, [compute(item) for item in items[context.rank::context.world]])
+    """[compute(item) for item in items] on every rank, each rank computing every world-th item. Every
+    rank calls compute equally often (one short of items repeats items[0] and drops the result), so
+    compute may run collectives, such as a sharded model's forward."""
+    mine = items[context.rank::context.world]
+    results = [compute(item) for item in mine]
+    for _ in range(-(-len(items) // context.world) - len(mine)):
+        compute(items[0])
+    parts = gather(context, results)
     return [parts[i % context.world][i // context.world] for i in range(len(items))]
 
 
@@ -198,11 +225,11 @@ def no_sync(module: nn.Module, skip: bool) -> Iterator[None]:
 
 
 def sharded(module: nn.Module) -> bool:
-    """Whether wrap sharded `module`. FSDP and its state-dict helpers are imported only when a model is
+    """Whether `module` or a part of it is sharded. FSDP and its state-dict helpers are imported only when a model is
     sharded: imported at start-up in every process, they made about a third of our 2-process DDP test
     runs on gloo hang at exit (cause not found); imported on use, none did in 6 tries."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
-    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+    return fsdp is not None and any(isinstance(m, fsdp.FSDPModule) for m in module.modules())
 
 
 def _state_dict_api() -> Any:
@@ -227,25 +254,26 @@ def aliases(module: nn.Module) -> set[str]:
     return names
 
 
-def full_state(module: nn.Module, optimizer: torch.optim.Optimizer,
+def full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None,
                context: Context = Context()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The whole model's tensors (no aliases), in CPU memory, and the optimizer's state, on rank 0;
-    the other ranks get empty dicts. A sharded `module`'s are gathered, so every rank must call it;
-    its optimizer state is keyed by parameter name."""
+    """The whole model's tensors (no aliases), in CPU memory, and the optimizer's state ({} without
+    one), on rank 0; the other ranks get empty dicts. A sharded `module`'s are gathered, so every rank
+    must call it; its optimizer state is keyed by parameter name."""
     skip = aliases(module)
     if not sharded(module):
         if not context.main:
             return {}, {}
-        return {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in skip}, optimizer.state_dict()
+        weights = {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in skip}
+        return weights, optimizer.state_dict() if optimizer else {}
     api = _state_dict_api()
     weights = api.get_model_state_dict(module, options=_full_on_cpu())
     return ({k: v for k, v in weights.items() if k not in skip},
-            api.get_optimizer_state_dict(module, optimizer, options=_full_on_cpu()))
+            api.get_optimizer_state_dict(module, optimizer, options=_full_on_cpu()) if optimizer else {})
 
 
-def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
-                    optimizer_state: dict[str, Any]) -> None:
-    """Put what full_state returned (read by every rank) into `module` and `optimizer`. Raises
+def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, weights: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any] | None = None) -> None:
+    """Put what full_state returned (read by every rank) into `module` and `optimizer` (if any). Raises
     ValueError, having changed nothing, when the names or shapes are not the model's."""
     skip = aliases(module)
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items() if k not in skip}  # global shapes
@@ -255,12 +283,31 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, weights
         raise ValueError(f"weights do not fit this model ({', '.join(wrong[:3])} ...)")
     if not sharded(module):
         module.load_state_dict(weights, strict=False)  # the aliases are left out on purpose
-        optimizer.load_state_dict(optimizer_state)
+        if optimizer:
+            optimizer.load_state_dict(optimizer_state)
         return
     api = _state_dict_api()
     options = api.StateDictOptions(full_state_dict=True, strict=False)
     api.set_model_state_dict(module, dict(weights), options=options)  # it replaces the dict's values: give a copy
-    api.set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+    if optimizer:
+        api.set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
+
+
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of `module`'s state dict to load back later (the best epoch's weights): in CPU memory,
+    or for a sharded module its shards where they are, 1/world of the model on each rank."""
+    if sharded(module):
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+
+def to_cpu(module: nn.Module, context: Context) -> nn.Module:
+    """`module` whole in CPU memory, to be saved: moved there, or if sharded gathered there on rank 0
+    (unshard: FSDP's own `to` would reshard it; the other ranks' copies are no longer usable)."""
+    if not sharded(module):
+        return module.to("cpu")
+    unshard(module, context)
+    return module
 
 
 def unshard(module: nn.Module, context: Context) -> None:

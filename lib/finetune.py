@@ -10,10 +10,12 @@ Variants, so that each trick's value shows next to its baseline:
 - `from_scratch`: `plain` on a randomly initialised model of the same shape (its own LR, scratch_lr,
   since random weights need a larger one): what pretraining is worth.
 - `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
-  pooled features are computed once and the probe trains on them: how much the features alone hold.
+  pooled features are computed once and a logistic regression is fit on them: how much the features
+  alone hold.
 
-Every variant keeps the weights of its best epoch on the dev set (the task's first metric) and stops
-after `patience` epochs without improvement; those weights are scored on the evaluation split.
+Every full variant keeps the weights of its best epoch on the dev set (the task's first metric) and
+stops after `patience` epochs without improvement; the probe is fit in one pass, its regularisation
+picked on the dev set. The kept weights are scored on the evaluation split.
 """
 from __future__ import annotations
 
@@ -23,15 +25,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.linear_model import LogisticRegression
 
 from lib import distributed
 from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
 from lib.model import Transformer
-from lib.tasks import Batch, Example, TaskData, batch_indices, batches, collate, compute_metrics, confusion_matrix
+from lib.tasks import Example, TaskData, batch_indices, collate, compute_metrics, confusion_matrix
 from lib.trainer import autocast, discriminative_groups, slanted_triangular, warmup_decay
 
 
@@ -63,12 +67,13 @@ class Setup:
 
 
 def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], float]]:
-    """plain/from_scratch/frozen: warmup over warmup_frac of the steps, then linear decay to 0."""
+    """plain/from_scratch: warmup over warmup_frac of the steps, then linear decay to 0."""
     return lambda total, _: warmup_decay(total, max(1, round(total * warmup_frac)))
 
 
 def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfig) -> Setup:
-    """The classifier and recipe of `variant`, around a copy of `adapted` (random weights for from_scratch)."""
+    """The classifier and recipe of a full variant (ulmfit, plain, from_scratch), around a copy of
+    `adapted` (random weights for from_scratch)."""
     backbone = copy.deepcopy(adapted)
     if variant == "from_scratch":
         backbone = Transformer(adapted.cfg)
@@ -83,9 +88,6 @@ def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfi
         return Setup(Classifier(backbone, token), cfg.plain_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
     if variant == "from_scratch":
         return Setup(Classifier(backbone, token), cfg.scratch_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
-    if variant == "frozen":
-        probe = HeadConfig(n_classes, "concat", block=False, dropout=0.0)
-        return Setup(Classifier(backbone, probe), cfg.probe_lr, 1.0, plain, unfreeze=False, epochs=cfg.probe_epochs)
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -96,27 +98,33 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     """Train `variant` on task.train, pick the best epoch on task.dev, score it on task.eval.
     Returns the result and the classifier with its best weights (on the CPU). Under torchrun every
     rank calls it: the full variants train data-parallel, each rank its share of every batch; for the
-    frozen variant the ranks share the feature extraction and each trains the same small probe."""
+    frozen variant the ranks share the feature extraction and each fits the same probe. With
+    impl.strategy fsdp the model is sharded over the ranks and the returned one is whole on rank 0
+    only."""
     torch.manual_seed(seed)
-    plan = setup(variant, adapted, len(task.label_names), cfg)
-    model = plan.model.to(device)
     started = time.perf_counter()  # the probe's feature extraction counts too
     if variant == "frozen":
-        trainer = ProbeTrainer(model, task, cfg, impl, device, pad_id, context)
+        probe = HeadConfig(len(task.label_names), "concat", block=False, dropout=0.0)
+        model = Classifier(copy.deepcopy(adapted), probe).to(device)
+        trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context)
+        epochs = 1
     else:
+        plan = setup(variant, adapted, len(task.label_names), cfg)
+        model = plan.model.to(device)
         trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context)
+        epochs = plan.epochs
     best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
     curve, history = [], []
-    for epoch in range(1, plan.epochs + 1):
+    for epoch in range(1, epochs + 1):
         train_loss = trainer.train_epoch(epoch)
         dev = trainer.score("dev", metrics)
-        row = {"epoch": epoch, "train_loss": train_loss, "lr": trainer.last_lr, **{f"dev_{k}": v for k, v in dev.items()}}
+        row = {"epoch": epoch, "train_loss": train_loss, **trainer.settings(), **{f"dev_{k}": v for k, v in dev.items()}}
         history.append(row)
         on_epoch(row)
         curve.append(dev[metrics[0]])
         if dev[metrics[0]] > best_score:
             best_score, best_epoch, bad_epochs = dev[metrics[0]], epoch, 0
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            best_state = distributed.snapshot(model)
         else:
             bad_epochs += 1
             if bad_epochs >= cfg.patience:
@@ -130,7 +138,7 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
                        round(time.perf_counter() - started, 1), confusion, history)
     if isinstance(trainer, ProbeTrainer):
         trainer.fold_standardisation()
-    return result, model.to("cpu")
+    return result, distributed.to_cpu(model, context)
 
 
 class FullTrainer:
@@ -141,8 +149,9 @@ class FullTrainer:
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
         self.context = context
-        # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later
-        self.synced = distributed.wrap(model, context, device)
+        # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later (FSDP
+        # reads requires_grad at every forward)
+        self.synced = distributed.wrap(model, context, device, impl.strategy)
         self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
         self.groups = model.layer_groups(with_lm_head=self.aux)
         self.optimizer = torch.optim.AdamW(
@@ -155,9 +164,8 @@ class FullTrainer:
         self.steps = 0
         self._set_trainable()
 
-    @property
-    def last_lr(self) -> float:
-        return self.scheduler.get_last_lr()[-1]  # the top group's
+    def settings(self) -> dict[str, float]:
+        return {"lr": self.scheduler.get_last_lr()[-1]}  # the top group's
 
     def _set_trainable(self) -> None:
         """Gradual unfreezing: groups from the top, one more every unfreeze_every steps."""
@@ -169,19 +177,20 @@ class FullTrainer:
 
     def train_epoch(self, epoch: int) -> float:
         self.model.train()
-        total, count = 0.0, 0
-        for group in batch_indices(self.task.train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
-            # this rank's share, weighted so that DDP's mean over ranks is the mean over the whole batch
+        total, train = 0.0, self.task.train
+        for group in batch_indices(train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
+            # each term weighted by this rank's share of the batch's examples (or predicted tokens), so
+            # that DDP's mean over the ranks is the whole batch's loss
             mine, scale = self.context.part(group)
-            weight = len(mine) / len(group) * scale
-            batch = collate([self.task.train[i] for i in mine], self.pad_id).to(self.device)
+            batch = collate([train[i] for i in mine], self.pad_id).to(self.device)
             with autocast(self.device, self.impl):
                 logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
-                loss = F.cross_entropy(logits.float(), batch.labels)
-                if self.aux:
-                    loss = loss + self.cfg.aux_lm_weight * lm_loss(self.model.backbone, hidden, batch.input_ids,
-                                                                   batch.attention_mask)
-            (loss * weight).backward()
+                loss = F.cross_entropy(logits.float(), batch.labels) * distributed.share(len(mine), len(group), scale)
+                if self.aux:  # a mean over the predicted tokens, len(ids) - 1 per example
+                    targets = [sum(len(train[i].ids) - 1 for i in part) for part in (mine, group)]
+                    lm = lm_loss(self.model.backbone, hidden, batch.input_ids, batch.attention_mask)
+                    loss = loss + self.cfg.aux_lm_weight * lm * distributed.share(*targets, scale)
+            loss.backward()
             if self.cfg.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
             self.optimizer.step()
@@ -190,10 +199,8 @@ class FullTrainer:
             self.steps += 1
             if self.unfreeze_every:
                 self._set_trainable()
-            if scale > 1 or self.context.main:  # a batch computed whole by every rank counts once
-                total, count = total + loss.item() * len(batch.labels), count + len(batch.labels)
-        total, count = (distributed.total(self.context, v, self.device) for v in (total, count))
-        return total / max(count, 1)
+            total += loss.item() / self.context.world * len(group)  # summed over the ranks: the batch's
+        return distributed.total(self.context, total, self.device) / max(len(train), 1)
 
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
         """Metrics of the model on task.dev ("dev") or task.eval ("eval"); under torchrun each rank
@@ -205,31 +212,33 @@ class FullTrainer:
 
 
 class ProbeTrainer:
-    """The frozen variant: features computed once by the frozen backbone, a linear probe trained on them.
-    The features are standardised with the train split's mean and std (max-pooled states are far
-    larger than mean-pooled ones; unscaled, one LR does not fit them all), and the standardisation
-    is folded into the linear layer at the end, so the saved head reads raw features."""
+    """The frozen variant: a logistic regression on the frozen backbone's features, fit exactly.
 
-    def __init__(self, model: Classifier, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
+    The features are computed once and standardised with the train split's mean and std (max-pooled
+    states are far larger than mean-pooled ones). For each C in probe_c, scikit-learn's L-BFGS fits an
+    L2-regularised logistic regression to convergence; the fit with the best dev score goes into the
+    head's linear layer, and the standardisation is folded in at the end, so the saved head reads raw
+    features. A convex fit has no learning rate or epoch count that must suit each feature width: an
+    AdamW probe at one LR overshot on a 512-wide model's 1,536 features (train loss 0.66 -> 1.33)."""
+
+    def __init__(self, model: Classifier, task: TaskData, metric: str, cfg: FinetuneConfig, impl: ImplConfig,
                  device: torch.device, pad_id: int, context: Context = Context()):
-        self.model, self.task, self.cfg, self.device, self.context = model, task, cfg, device, context
+        self.model, self.task, self.metric, self.cfg, self.device, self.context = (
+            model, task, metric, cfg, device, context)
         for p in model.backbone.parameters():
             p.requires_grad_(False)
         model.backbone.eval()
+        if impl.strategy == "fsdp":
+            distributed.shard(model.backbone, context)
         splits = {"train": task.train, "dev": task.dev, **({"eval": task.eval} if task.eval is not None else {})}
         raw = {name: self._features(examples, impl, pad_id) for name, examples in splits.items()}
         train_x = raw["train"][0]
         self.mean, self.std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
         self.features = {name: ((x - self.mean) / self.std, y) for name, (x, y) in raw.items()}
-        self.optimizer = torch.optim.AdamW(model.head.parameters(), lr=cfg.probe_lr, weight_decay=cfg.weight_decay)
-        self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
-        total = self.steps_per_epoch * cfg.probe_epochs
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_linear(cfg.warmup_frac)(total, 0))
-        self.steps = 0
+        self.steps, self.c = 0, None  # L-BFGS iterations over every fit; the C kept
 
-    @property
-    def last_lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+    def settings(self) -> dict[str, float]:
+        return {"probe_c": self.c}
 
     @torch.no_grad()
     def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,20 +254,43 @@ class ProbeTrainer:
         return torch.cat(feats).to(self.device), torch.cat(labels).to(self.device)
 
     def train_epoch(self, epoch: int) -> float:
-        self.model.head.train()
-        x, y = self.features["train"]
-        order = torch.randperm(len(y), device=y.device)
-        total = 0.0
-        for start in range(0, len(y), self.cfg.batch_size):
-            index = order[start:start + self.cfg.batch_size]
-            loss = F.cross_entropy(self.model.head(x[index]), y[index])
-            loss.backward()
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.steps += 1
-            total += loss.item() * len(index)
-        return total / max(len(y), 1)
+        """Fits a probe for each C in probe_c and keeps the best on dev; returns its mean train loss.
+        Every rank fits the same probes on the same gathered features."""
+        x, y = (t.cpu().numpy() for t in self.features["train"])
+        best, kept = -math.inf, None
+        for c in self.cfg.probe_c:
+            fit = LogisticRegression(C=c, max_iter=1000).fit(x.astype(np.float64), y)
+            self.steps += int(fit.n_iter_.max())
+            weight, bias = self._linear(fit)
+            score = self._dev_score(weight, bias)
+            if kept is None or score > best:
+                best, self.c, kept = score, c, (weight, bias)
+        linear = self.model.head[-1]
+        with torch.no_grad():
+            linear.weight.copy_(kept[0])
+            linear.bias.copy_(kept[1])
+            x, y = self.features["train"]
+            return F.cross_entropy(self.model.head(x), y).item()
+
+    def _linear(self, fit: LogisticRegression) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's (weight, bias) that give `fit`'s predictions. A binary fit has one row: P(classes_[1])
+        = sigmoid(w x + b), i.e. logits (0, w x + b). A class absent from train gets a prohibitive bias."""
+        linear = self.model.head[-1]
+        weight = torch.zeros_like(linear.weight)
+        bias = torch.full_like(linear.bias, -1e4)
+        classes = torch.as_tensor(fit.classes_, device=weight.device)
+        coef = torch.as_tensor(fit.coef_, dtype=weight.dtype, device=weight.device)
+        intercept = torch.as_tensor(fit.intercept_, dtype=bias.dtype, device=bias.device)
+        if len(coef) == 1:
+            weight[classes[1]], bias[classes[0]], bias[classes[1]] = coef[0], 0.0, intercept[0]
+        else:
+            weight[classes], bias[classes] = coef, intercept
+        return weight, bias
+
+    def _dev_score(self, weight: torch.Tensor, bias: torch.Tensor) -> float:
+        x, y = self.features["dev"]
+        predicted = (x @ weight.T + bias).argmax(-1)
+        return compute_metrics([self.metric], predicted.cpu(), y.cpu(), len(self.task.label_names))[self.metric]
 
     @torch.no_grad()
     def fold_standardisation(self) -> None:
@@ -275,24 +307,21 @@ class ProbeTrainer:
         return scored(chunks, metrics, len(self.task.label_names), with_confusion)
 
 
-@torch.no_grad()
-def predict(model: Classifier, examples: list[Example], batch_size: int, pad_id: int, device: torch.device,
-            impl: ImplConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(predicted classes, labels) per batch of `examples`, the model in eval mode."""
-    model.eval()
-    for batch in batches(examples, batch_size, pad_id):
-        batch = batch.to(device)
-        with autocast(device, impl):
-            logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
-        yield logits.argmax(-1).cpu(), batch.labels.cpu()
-
-
 def predict_all(model: Classifier, examples: list[Example], batch_size: int, pad_id: int, device: torch.device,
                 impl: ImplConfig, context: Context = Context()) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """predict's batches over all of `examples`; under torchrun each rank predicts every world-th
-    example and every rank gets all the batches (metrics do not depend on their order)."""
-    mine = list(predict(model, examples[context.rank::context.world], batch_size, pad_id, device, impl))
-    return [pair for part in distributed.gather(context, mine) for pair in part]
+    """(predicted classes, labels) per batch of `examples` (`batches` order), the model in eval mode.
+    Under torchrun each rank predicts every world-th batch, in step with the others (a sharded model's
+    forward is a collective), and every rank gets all of them."""
+    model.eval()
+
+    @torch.no_grad()
+    def predict(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = collate([examples[i] for i in group], pad_id).to(device)
+        with autocast(device, impl):
+            logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+        return logits.argmax(-1).cpu(), batch.labels.cpu()
+
+    return distributed.spread(context, batch_indices(examples, batch_size), predict)
 
 
 def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str], n_classes: int,

@@ -36,7 +36,7 @@ def main() -> None:
                     "model": params.model, "mlm": params.mlm, "electra": params.electra, "adapt": params.adapt,
                     "impl": params.impl}
 
-    if params.adapt.enabled and distributed.relaunch(params.impl, "stages.adapt", shards=True):
+    if params.adapt.enabled and distributed.relaunch(params.impl, "stages.adapt"):
         return
     with tracking.stage_run("adapt", params.tracking, params, stage_params) as run:
         if not params.adapt.enabled:

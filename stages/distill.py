@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
     args = parser.parse_args()
     params = load_params(args.params)
-    if distributed.relaunch(params.impl, "stages.distill", shards=False):
+    if distributed.relaunch(params.impl, "stages.distill"):
         return
     cfg, ft = params.distill, params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}

@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
     args = parser.parse_args()
     params = load_params(args.params)
-    if distributed.relaunch(params.impl, "stages.finetune", shards=False):
+    if distributed.relaunch(params.impl, "stages.finetune"):
         return
     cfg = params.finetune
     tasks = {name: params.tasks[name] for name in cfg.tasks}

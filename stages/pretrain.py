@@ -33,7 +33,7 @@ def main() -> None:
                     "model": params.model, "mlm": params.mlm, "electra": params.electra, "pretrain": params.pretrain,
                     "impl": params.impl}
 
-    if distributed.relaunch(params.impl, "stages.pretrain", shards=True):
+    if distributed.relaunch(params.impl, "stages.pretrain"):
         return
     torch.manual_seed(params.seed)
     tokenizer = load_tokenizer(args.tokenizer)

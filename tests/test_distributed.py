@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from lib import distributed
 from lib.config import ModelConfig
@@ -84,18 +84,26 @@ def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: st
         leave()
 
 
-def finetune(rank: int, world: int, port: int, variant: str, out: str) -> None:
-    """One rank of a finetune run of `variant` on the toy task; rank 0 writes what it reports."""
+def finetune(rank: int, world: int, port: int, variant: str, strategy: str, aux: bool, out: str) -> None:
+    """One rank of a finetune run of `variant` on the toy task (aux: a causal model with GPT-1's
+    auxiliary LM loss); rank 0 writes what it reports and the classifier it returns."""
     context = join(rank, world, port)
+    cfg = dataclasses.replace(test_finetune.CFG, aux_lm_weight=0.5 if aux else 0.0)
     try:
-        result, _ = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(),
-                                test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), seed=1,
-                                pad_id=test_finetune.PAD, context=context)
+        result, model = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(causal=aux),
+                                    cfg, dataclasses.replace(test_finetune.IMPL, strategy=strategy),
+                                    torch.device("cpu"), seed=1, pad_id=test_finetune.PAD, context=context)
         if context.main:
             with open(out, "w") as f:
                 json.dump({"history": result.history, "eval": result.eval, "steps": result.steps}, f)
+            save_file(distributed.full_state(model, None)[0], str(Path(out).with_suffix(".safetensors")))
     finally:
         leave()
+
+
+def same_weights(one: Path, two: Path) -> None:
+    a, b = load_file(str(one)), load_file(str(two))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
 def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None,
@@ -147,8 +155,7 @@ def test_a_sharded_transformer_trains_and_saves_as_one_process_does(data, tmp_pa
     one = run(1, data, tmp_path, "one", model="clm")
     two = run(2, data, tmp_path, "two", model="clm", strategy="fsdp")
     same_curve(one, two)
-    a, b = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("one", "two"))
-    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    same_weights(*(tmp_path / name / "model.safetensors" for name in ("one", "two")))
     assert run(2, data, tmp_path, "killed", kill_at=13, model="clm", strategy="fsdp") is None
     assert run(2, data, tmp_path, "killed", model="clm", strategy="fsdp") == two
 
@@ -159,8 +166,9 @@ def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
     assert distributed.Context(rank=1, world=2).share(8, "k") == slice(4, 8)
 
 
-def distill(rank: int, world: int, port: int, checkpoints: str, out: str) -> None:
-    """One rank of distilling a toy teacher with every loss term on, over labeled and unlabeled examples."""
+def distill(rank: int, world: int, port: int, strategy: str, checkpoints: str, out: str) -> None:
+    """One rank of distilling a toy teacher with every loss term on, over labeled and unlabeled
+    examples; rank 0 writes what it reports and the student."""
     context = join(rank, world, port)
     try:
         task = test_finetune.toy_task()
@@ -168,42 +176,54 @@ def distill(rank: int, world: int, port: int, checkpoints: str, out: str) -> Non
                                  test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD)
         unlabeled = [Example(e.ids, e.segments, UNLABELED) for e in test_finetune.toy_task(n=100, seed=1).train]
         cfg = dataclasses.replace(test_distill.DISTILL, pkd_weight=1.0, hidden_layers="all", hidden_weight=0.5)
-        result, _ = distill_task(teacher, task, unlabeled, ["accuracy"], cfg, test_finetune.IMPL, torch.device("cpu"),
-                                 0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
+        impl = dataclasses.replace(test_finetune.IMPL, strategy=strategy)
+        result, student = distill_task(teacher, task, unlabeled, ["accuracy"], cfg, impl, torch.device("cpu"),
+                                       0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
         if context.main:
             with open(out, "w") as f:
-                json.dump({"history": result.history, "student": result.student}, f)
+                json.dump({"history": result.history, "student": result.student,
+                           "params": [result.student_params, result.teacher_params]}, f)
+            save_file(distributed.full_state(student, None)[0], str(Path(out).with_suffix(".safetensors")))
     finally:
         leave()
 
 
-def test_distill_on_two_processes_matches_one(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_distill_on_two_processes_matches_one(tmp_path, strategy):
+    """With fsdp the teacher is sharded too: its outputs, the student's training and its scores equal
+    one process's, and the student comes back whole."""
     results = []
     for world in (1, 2):
-        args = (str(tmp_path / f"ckpt{world}"), str(tmp_path / f"{world}.json"))
+        args = (strategy, str(tmp_path / f"ckpt{world}"), str(tmp_path / f"{world}.json"))
         if world == 1:
             distill(0, 1, 0, *args)
         else:
             mp.spawn(distill, args=(world, free_port(), *args), nprocs=world, join=True)
         results.append(json.loads((tmp_path / f"{world}.json").read_text()))
     one, two = results
-    assert two["student"] == one["student"]
+    assert two["student"] == one["student"] and two["params"] == one["params"]
+    same_weights(tmp_path / "1.safetensors", tmp_path / "2.safetensors")
     for a, b in zip(one["history"], two["history"], strict=True):
         for key in ("soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"):
             assert b[key] == pytest.approx(a[key], rel=1e-4), key
 
 
-@pytest.mark.parametrize("variant", ["ulmfit", "plain"])
-def test_finetune_on_two_processes_matches_one(tmp_path, variant):
-    """The ulmfit variant unfreezes layer groups as it goes: DDP must sync them once they train."""
+@pytest.mark.parametrize("variant, strategy, aux", [("ulmfit", "ddp", False), ("plain", "ddp", False),
+                                                    ("ulmfit", "fsdp", False), ("frozen", "fsdp", False),
+                                                    ("plain", "fsdp", True)])
+def test_finetune_on_two_processes_matches_one(tmp_path, variant, strategy, aux):
+    """The ulmfit variant unfreezes layer groups as it goes: DDP must sync them once they train, FSDP
+    must gather and reduce them. The auxiliary LM loss reads the LM head after the forward. Sharded,
+    the classifier comes back whole, as one process's."""
     results = []
     for world in (1, 2):
         out = tmp_path / f"{world}.json"
         if world == 1:
-            finetune(0, 1, 0, variant, str(out))
+            finetune(0, 1, 0, variant, strategy, aux, str(out))
         else:
-            mp.spawn(finetune, args=(world, free_port(), variant, str(out)), nprocs=world, join=True)
+            mp.spawn(finetune, args=(world, free_port(), variant, strategy, aux, str(out)), nprocs=world, join=True)
         results.append(json.loads(out.read_text()))
+    same_weights(tmp_path / "1.safetensors", tmp_path / "2.safetensors")
     one, two = results
     assert two["steps"] == one["steps"] and two["eval"] == one["eval"]
     for a, b in zip(one["history"], two["history"]):

@@ -1,19 +1,22 @@
 """Classifier features and heads, ULMFiT's optimisation (groups, LRs, unfreezing), the variants on a
 tiny learnable task, and the saved classifier."""
 import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from sklearn.linear_model import LogisticRegression
 
 from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import FinetuneConfig, ImplConfig
-from lib.finetune import FullTrainer, run_variant, setup
+from lib.finetune import FullTrainer, ProbeTrainer, run_variant, setup
 from lib.model import Transformer, TransformerConfig
 from lib.tasks import Example, TaskData, collate
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, lr=3e-3, plain_lr=1e-3, scratch_lr=3e-3,
-                     probe_lr=3e-2, probe_epochs=20, head_hidden=16, head_dropout=0.0, patience=4)
+                     head_hidden=16, head_dropout=0.0, patience=4)
 IMPL = ImplConfig(precision="fp32", compile="off")
 
 
@@ -128,6 +131,29 @@ def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_pr
         logits, _ = model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)
     accuracy = (logits.argmax(-1) == batch.labels).float().mean().item()
     assert accuracy == pytest.approx(result.eval["accuracy"]) and result.eval["accuracy"] > 0.7
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_probe_head_predicts_what_the_logistic_regression_predicts(n_classes):
+    """The fit goes into the head's linear layer: binary fits have one row, a class missing from train
+    is never predicted."""
+    g = np.random.default_rng(0)
+    x = g.normal(size=(300, 8))
+    y = (x[:, :n_classes - 1] > 0).sum(1) if n_classes == 3 else (x[:, 0] + 0.3 * x[:, 1] > 0).astype(int)
+    fit = LogisticRegression(C=1.0).fit(x, y)
+    head = torch.nn.Sequential(torch.nn.Linear(8, n_classes + 1))  # one more class than train has
+    weight, bias = ProbeTrainer._linear(SimpleNamespace(model=SimpleNamespace(head=head)), fit)
+    logits = torch.as_tensor(x, dtype=torch.float32) @ weight.T + bias
+    assert logits.argmax(-1).tolist() == fit.predict(x).tolist()
+    torch.testing.assert_close(logits[:, :n_classes].softmax(-1), torch.as_tensor(fit.predict_proba(x)).float())
+
+
+def test_frozen_variant_picks_the_regularisation_on_dev():
+    task = toy_task()
+    result, _ = run_variant("frozen", task, ["accuracy"], backbone(), dataclasses.replace(CFG, probe_c=[1e-4, 1.0]),
+                            IMPL, torch.device("cpu"), 1, PAD)
+    assert result.history[0]["probe_c"] == 1.0 and result.best_epoch == 1  # 1e-4 leaves the probe near chance
+    assert result.dev["accuracy"] == result.dev_curve[0] > 0.7
 
 
 def test_aux_lm_loss_trains_the_lm_head_of_causal_models():

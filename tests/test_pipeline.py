@@ -79,7 +79,7 @@ def tiny_params(repo: Path) -> None:
     params["tasks"]["imdb"]["max_len"] = 64
     params["tasks"]["sst2"]["max_len"] = 32
     params["finetune"].update(seeds=1, epochs=2, batch_size=8, max_train_examples={"imdb": 100}, max_eval_examples=None,
-                              dev_fraction=0.2, dev_max=40, probe_epochs=3, head_hidden=16)
+                              dev_fraction=0.2, dev_max=40, head_hidden=16)
     params["distill"].update(layers=1, epochs=2, batch_size=8, max_unlabeled=40)
     params["evaluate"].update(latency_seq_len=32, latency_repeats=5, throughput_batch=4)
     params["impl"]["precision"] = "fp32"
@@ -359,8 +359,8 @@ def keys(value, prefix=""):
 @pytest.mark.parametrize("stage", KILLS)
 def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
-    of outputs; pretraining (no dropout) reaches the one-process validation loss with the same global batch,
-    replicated (DDP) and, for pretrain and adapt, sharded (FSDP2)."""
+    of outputs, replicated (DDP) and sharded (FSDP2); pretraining (no dropout) reaches the one-process
+    validation loss with the same global batch."""
     repo, _ = repo
     inputs, changes, _, _ = KILLS[stage]
     params = yaml.safe_load((repo / "params.yaml").read_text())
@@ -370,7 +370,7 @@ def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
     metrics = {}
-    runs = [(1, "ddp"), (2, "ddp"), *([(2, "fsdp")] if stage in ("pretrain", "adapt") else [])]
+    runs = [(1, "ddp"), (2, "ddp"), (2, "fsdp")]
     for nproc, strategy in runs:
         params["impl"].update(nproc=nproc, strategy=strategy)
         params_file = tmp_path / f"params{nproc}{strategy}.yaml"
