@@ -12,7 +12,7 @@ from lib.config import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelCon
 from lib.errors import UserError
 from lib.model import Transformer
 from lib.objectives import OBJECTIVES, Objective, build_objective, objective_extras
-from lib.objectives.electra import Electra
+from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
@@ -20,7 +20,7 @@ VOCAB = 60
 METRICS = {
     "clm": {"loss", "accuracy"},
     "mlm": {"loss", "accuracy"},
-    "electra": {"loss", "gen_loss", "disc_loss", "gen_accuracy", "disc_accuracy", "replaced_recall"},
+    "electra": {"loss", "gen_loss", "disc_loss", "gen_accuracy", "disc_accuracy", "replaced_recall", "disc_auc"},
 }
 
 
@@ -173,6 +173,7 @@ def test_electra_learns_one_batch():
     assert mean(last, "disc_loss") < 0.6 * mean(first, "disc_loss")
     assert mean(last, "disc_accuracy") > mean(first, "disc_accuracy") + 0.05
     assert mean(last, "replaced_recall") > 0.4 > mean(first, "replaced_recall")
+    assert mean(last, "disc_auc") > max(0.8, mean(first, "disc_auc") + 0.2)
     assert mean(last, "gen_loss") < mean(first, "gen_loss") - 0.5
     assert mean(last, "gen_accuracy") > max(0.06, 3 * mean(first, "gen_accuracy"))  # chance is 1/55
 
@@ -241,6 +242,16 @@ def test_electra_replacements_come_from_the_generator(monkeypatch):
     assert changed.float().mean() > 0.3  # an untrained generator rarely guesses right
     assert not (corrupted[changed] < 5).any()
     assert (original[changed] != SPECIAL["eos"]).all()
+
+
+def test_roc_auc_agrees_with_scikit_learn():
+    from sklearn.metrics import roc_auc_score
+
+    g = torch.Generator().manual_seed(0)
+    positive = torch.rand(4000, generator=g) < 0.1
+    scores = torch.randn(4000, generator=g) + positive * 0.7
+    assert roc_auc(scores, positive).item() == pytest.approx(roc_auc_score(positive.numpy(), scores.numpy()), abs=1e-6)
+    assert roc_auc(scores, torch.zeros(4000, dtype=torch.bool)).item() == 0.5
 
 
 def test_electra_generator_width_follows_params():
