@@ -7,6 +7,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -356,17 +357,61 @@ def keys(value, prefix=""):
                                           for x in keys(v, f"{prefix}{k}.")} if isinstance(value, dict) else set()
 
 
+def distributable_params(repo: Path, stage: str) -> dict:
+    """The repo's params, for pretrain with the clm objective and no dropout: it then draws no random
+    numbers (dropout's differ per rank), so N ranks compute what 1 process does."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    if stage == "pretrain":
+        params.update(objective="clm")
+        params["model"]["dropout"] = 0.0
+    return params
+
+
+def stage_args(stage: str, params_file: Path, inputs: list[str], out: Path) -> list[str]:
+    """`-m stages.<stage> ...` with its outputs under `out`."""
+    return ["-m", f"stages.{stage}", "--params", str(params_file), *inputs, "--out", str(out / "model"),
+            "--metrics", str(out / "metrics.json"), "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")]
+
+
+def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path):
+    """Multi-node as torchrun does it: two launchers of one process each (on this machine, standing in
+    for two nodes that share a file system) meet at a c10d rendezvous, the stage runs as their two
+    ranks and reaches the one-process validation loss, and one rank writes the outputs."""
+    repo, _ = repo
+    inputs = KILLS["pretrain"][0]
+    params = distributable_params(repo, "pretrain")
+    params["tracking"]["enabled"] = False
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, *stage_args("pretrain", params_file, inputs, tmp_path / "one")],
+                            cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+              "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=pipeline-test",
+              *stage_args("pretrain", params_file, inputs, tmp_path / "two")]
+    nodes = [subprocess.Popen(launch, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    assert two["tokens_seen"] == one["tokens_seen"] and two["steps"] == one["steps"]
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4)
+    assert (tmp_path / "two" / "model" / "model.safetensors").is_file() and not (tmp_path / "two" / "ckpt").exists()
+
+
 @pytest.mark.parametrize("stage", KILLS)
 def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
     of outputs, replicated (DDP) and sharded (FSDP2); pretraining (no dropout) reaches the one-process
     validation loss with the same global batch."""
     repo, _ = repo
-    inputs, changes, _, _ = KILLS[stage]
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    if stage == "pretrain":
-        params.update(objective="clm")  # draws no random numbers but dropout's, which differ per rank:
-        params["model"]["dropout"] = 0.0  # without it, 2 ranks compute what 1 process does
+    inputs = KILLS[stage][0]
+    params = distributable_params(repo, stage)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
     metrics = {}
@@ -376,9 +421,7 @@ def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
         params_file = tmp_path / f"params{nproc}{strategy}.yaml"
         params_file.write_text(yaml.safe_dump(params))
         out = tmp_path / f"{nproc}{strategy}"
-        done = subprocess.run([sys.executable, "-m", f"stages.{stage}", "--params", str(params_file), *inputs,
-                               "--out", str(out / "model"), "--metrics", str(out / "metrics.json"),
-                               "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
+        done = subprocess.run([sys.executable, *stage_args(stage, params_file, inputs, out)],
                               cwd=repo, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         metrics[nproc, strategy] = json.loads((out / "metrics.json").read_text())
