@@ -118,7 +118,8 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     for epoch in range(1, epochs + 1):
         train_loss = trainer.train_epoch(epoch)
         dev = trainer.score("dev", metrics)
-        row = {"epoch": epoch, "train_loss": train_loss, **trainer.settings(), **{f"dev_{k}": v for k, v in dev.items()}}
+        row = {"epoch": epoch, "train_loss": train_loss, **trainer.settings(),
+               **{f"dev_{k}": v for k, v in dev.items()}}
         history.append(row)
         on_epoch(row)
         curve.append(dev[metrics[0]])
