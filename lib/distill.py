@@ -311,19 +311,19 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
         with autocast(device, impl):
             logits, hidden, summary = synced(batch.input_ids, batch.segment_ids, mask,
                                              [s for s, _ in hidden_pairs], [s for s, _ in summary_pairs])
-        examples = distributed.share(len(mine), n, scale)
+        examples = distributed.part_weight(len(mine), n, scale)
         terms = {"soft": soft_loss(logits, cache.logits[mine].to(device), cfg.temperature) * examples}
         labeled = batch.labels != UNLABELED
         n_labeled = sum(transfer[i].label != UNLABELED for i in group)
         if cfg.hard_weight > 0 and n_labeled:
             hard = F.cross_entropy(logits[labeled], batch.labels[labeled]) if labeled.any() else logits.sum() * 0
-            terms["hard"] = hard * distributed.share(int(labeled.sum()), n_labeled, scale)
+            terms["hard"] = hard * distributed.part_weight(int(labeled.sum()), n_labeled, scale)
         if hidden_pairs:
             target = torch.zeros(len(mine), len(hidden_pairs), mask.shape[1], cache.hidden[mine[0]].shape[-1])
             for row, i in enumerate(mine):
                 target[row, :, : len(transfer[i].ids)] = cache.hidden[i].float()
             target = target.to(device)
-            tokens = distributed.share(int(mask.sum()), sum(len(transfer[i].ids) for i in group), scale)
+            tokens = distributed.part_weight(int(mask.sum()), sum(len(transfer[i].ids) for i in group), scale)
             terms["hidden"] = sum(hidden_loss(hidden[j], target[:, j], mask, cfg.hidden_loss)
                                   for j in range(len(hidden_pairs))) / len(hidden_pairs) * tokens
         if summary_pairs:

@@ -72,7 +72,7 @@ class Context:
         return group[self.rank * n // self.world:(self.rank + 1) * n // self.world], self.world
 
 
-def share(local: float, whole: float, scale: int) -> float:
+def part_weight(local: float, whole: float, scale: int) -> float:
     """The weight of a loss term this rank computed over `local` of a batch's `whole` units (examples,
     labeled examples, tokens), `scale` as Context.part gives it: DDP's mean of the weighted terms over
     the ranks is then the term over the whole batch."""
@@ -225,9 +225,9 @@ def no_sync(module: nn.Module, skip: bool) -> Iterator[None]:
 
 
 def sharded(module: nn.Module) -> bool:
-    """Whether `module` or a part of it is sharded. FSDP and its state-dict helpers are imported only when a model is
-    sharded: imported at start-up in every process, they made about a third of our 2-process DDP test
-    runs on gloo hang at exit (cause not found); imported on use, none did in 6 tries."""
+    """Whether `module` or a part of it is sharded. FSDP and its state-dict helpers are imported only
+    when a model is sharded: imported at start-up in every process, they made about a third of our
+    2-process DDP test runs on gloo hang at exit (cause not found); imported on use, none did in 6 tries."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and any(isinstance(m, fsdp.FSDPModule) for m in module.modules())
 

@@ -186,11 +186,12 @@ class FullTrainer:
             batch = collate([train[i] for i in mine], self.pad_id).to(self.device)
             with autocast(self.device, self.impl):
                 logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
-                loss = F.cross_entropy(logits.float(), batch.labels) * distributed.share(len(mine), len(group), scale)
+                examples = distributed.part_weight(len(mine), len(group), scale)
+                loss = F.cross_entropy(logits.float(), batch.labels) * examples
                 if self.aux:  # a mean over the predicted tokens, len(ids) - 1 per example
                     targets = [sum(len(train[i].ids) - 1 for i in part) for part in (mine, group)]
                     lm = lm_loss(self.model.backbone, hidden, batch.input_ids, batch.attention_mask)
-                    loss = loss + self.cfg.aux_lm_weight * lm * distributed.share(*targets, scale)
+                    loss = loss + self.cfg.aux_lm_weight * lm * distributed.part_weight(*targets, scale)
             loss.backward()
             if self.cfg.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
