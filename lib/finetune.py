@@ -259,16 +259,18 @@ class ProbeTrainer:
         """Fits a probe for each C in probe_c and keeps the best on dev; returns its mean train loss.
         Every rank fits the same probes on the same gathered features."""
         x, y = (t.cpu().numpy() for t in self.features["train"])
-        best, kept = -math.inf, None
-        for c in self.cfg.probe_c:
-            fit = LogisticRegression(C=c, max_iter=1000).fit(x.astype(np.float64), y)
-            self.steps += int(fit.n_iter_.max())
-            weight, bias = self._linear(fit)
-            score = self._dev_score(weight, bias)
-            if kept is None or score > best:
-                best, self.c, kept = score, c, (weight, bias)
         linear = self.model.head[-1]
+        best, kept = -math.inf, None
         with torch.no_grad():
+            for c in self.cfg.probe_c:
+                fit = LogisticRegression(C=c, max_iter=1000).fit(x.astype(np.float64), y)
+                self.steps += int(fit.n_iter_.max())
+                weight, bias = self._linear(fit)
+                linear.weight.copy_(weight)
+                linear.bias.copy_(bias)
+                score = self.score("dev", [self.metric])[self.metric]
+                if kept is None or score > best:
+                    best, self.c, kept = score, c, (weight, bias)
             linear.weight.copy_(kept[0])
             linear.bias.copy_(kept[1])
             x, y = self.features["train"]
@@ -288,11 +290,6 @@ class ProbeTrainer:
         else:
             weight[classes], bias[classes] = coef, intercept
         return weight, bias
-
-    def _dev_score(self, weight: torch.Tensor, bias: torch.Tensor) -> float:
-        x, y = self.features["dev"]
-        predicted = (x @ weight.T + bias).argmax(-1)
-        return compute_metrics([self.metric], predicted.cpu(), y.cpu(), len(self.task.label_names))[self.metric]
 
     @torch.no_grad()
     def fold_standardisation(self) -> None:
