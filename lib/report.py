@@ -14,8 +14,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 FINETUNE_ORDER = ("ulmfit", "plain", "from_scratch", "frozen")
-ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "tfidf": "TF-IDF + LR (same train)",
-         "tfidf_full_train": "TF-IDF + LR (all train)", "zero_shot": "zero-shot LM prompt",
+ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
          "frozen": "frozen features + linear"}
 
@@ -60,7 +59,7 @@ def markdown(results: dict[str, Any], figures: list[str]) -> str:
         models = list(dict.fromkeys(m for s in splits for m in r["splits"][s]["scores"]))
         for model in models:
             cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
-            lines.append(f"| {ROLES.get(model, model)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row_label(model, r['splits'][splits[0]])} | " + " | ".join(cells) + " |")
         lines.append("")
         efficiency = r.get("efficiency", {})
         if efficiency:
@@ -84,6 +83,16 @@ def markdown(results: dict[str, Any], figures: list[str]) -> str:
     return "\n".join(lines)
 
 
+def row_label(model: str, split: dict[str, Any]) -> str:
+    """A model's name in the tables; the TF-IDF baselines say how many train examples they learned from
+    (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
+    if model == "tfidf_full_train" or model == "tfidf" and split["train_examples"] == split["full_train_examples"]:
+        return f"TF-IDF + LR (all {split['full_train_examples']:,} train)"
+    if model == "tfidf":
+        return f"TF-IDF + LR (same {split['train_examples']:,} train as finetuning)"
+    return ROLES.get(model, model)
+
+
 def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
     return r["splits"][next(iter(r["splits"]))]["scores"]
 
@@ -100,7 +109,8 @@ def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
         names = list(scores)
         ax.barh(range(len(names)), [100 * scores[n][metric] for n in names],
                 xerr=[100 * scores[n].get(f"{metric}_std", 0.0) for n in names], color="tab:blue")
-        ax.set_yticks(range(len(names)), [ROLES.get(n, n) for n in names], fontsize=8)
+        first = r["splits"][next(iter(r["splits"]))]
+        ax.set_yticks(range(len(names)), [row_label(n, first) for n in names], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(f"{metric} (%) on {next(iter(r['splits']))}")
         ax.set_title(task)

@@ -27,6 +27,8 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 # A tracking server that is down should cost seconds, not MLflow's default minutes of retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+# Logging a model re-reads its artifacts with a progress bar per file: noise in a stage's log.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one ended opens a new parent
 MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway

@@ -5,16 +5,18 @@ CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "ba
 RESULTS = {
     "imdb": {
         "metric": "accuracy", "metrics": ["accuracy"], "label_names": ["negative", "positive"],
-        "splits": {"test": {"examples": 100, "scores": {
+        "splits": {"test": {"examples": 100, "train_examples": 3000, "full_train_examples": 24000, "scores": {
             "teacher": {"accuracy": 0.84}, "student": {"accuracy": 0.83},
-            "ulmfit": {"accuracy": 0.8, "accuracy_std": 0.01}, "tfidf": {"accuracy": 0.86, "c": 4.0}}}},
+            "ulmfit": {"accuracy": 0.8, "accuracy_std": 0.01}, "tfidf": {"accuracy": 0.86, "c": 4.0},
+            "tfidf_full_train": {"accuracy": 0.9, "c": 16.0}}}},
         "confusion": {"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]},
         "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU},
                        "student": {"params": 600, "disk_bytes": 2_400_000, "cpu": {**CPU, "p50_ms": 5.0}}},
         "retained": 0.83 / 0.84, "speedup": 2.0, "teacher": {"variant": "plain", "seed": 1338}},
     "rte": {
         "metric": "accuracy", "metrics": ["accuracy"], "note": "Evaluated on validation: test_unlabeled has no labels.",
-        "splits": {"validation": {"examples": 30, "scores": {"tfidf": {"accuracy": 0.5}}}},
+        "splits": {"validation": {"examples": 30, "train_examples": 2233, "full_train_examples": 2233,
+                                  "scores": {"tfidf": {"accuracy": 0.5}}}},
         "confusion": {}, "efficiency": {}},
 }
 
@@ -29,7 +31,9 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
     text = markdown(RESULTS, ["scores.png"])
     assert "| teacher (best finetuned) | 84.0 |" in text
     assert "| ULMFiT (adapted LM) | 80.0 ± 1.0 |" in text
-    assert "| TF-IDF + LR (same train) | 86.0 |" in text
+    assert "| TF-IDF + LR (same 3,000 train as finetuning) | 86.0 |" in text
+    assert "| TF-IDF + LR (all 24,000 train) | 90.0 |" in text
+    assert "| TF-IDF + LR (all 2,233 train) | 50.0 |" in text  # not finetuned, or finetuned on all of train
     assert "keeps **98.8%** of the teacher's accuracy and is **2.00x** as fast" in text
     assert "| student (distilled) | 600 | 2.4 MB | 5.0 / 12.5 | 150 |" in text
     assert "`plain` (seed 1338)" in text and "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
