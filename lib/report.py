@@ -86,7 +86,7 @@ def markdown(results: dict[str, Any], figures: list[str]) -> str:
 def row_label(model: str, split: dict[str, Any]) -> str:
     """A model's name in the tables; the TF-IDF baselines say how many train examples they learned from
     (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
-    if model == "tfidf_full_train" or model == "tfidf" and split["train_examples"] == split["full_train_examples"]:
+    if model == "tfidf_full_train" or (model == "tfidf" and split["train_examples"] == split["full_train_examples"]):
         return f"TF-IDF + LR (all {split['full_train_examples']:,} train)"
     if model == "tfidf":
         return f"TF-IDF + LR (same {split['train_examples']:,} train as finetuning)"
@@ -105,14 +105,14 @@ def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         r, metric = results[task], results[task]["metric"]
-        scores = {m: s for m, s in _first_split_scores(r).items() if metric in s}
+        split = next(iter(r["splits"]))
+        scores = {m: s for m, s in r["splits"][split]["scores"].items() if metric in s}
         names = list(scores)
         ax.barh(range(len(names)), [100 * scores[n][metric] for n in names],
                 xerr=[100 * scores[n].get(f"{metric}_std", 0.0) for n in names], color="tab:blue")
-        first = r["splits"][next(iter(r["splits"]))]
-        ax.set_yticks(range(len(names)), [row_label(n, first) for n in names], fontsize=8)
+        ax.set_yticks(range(len(names)), [row_label(n, r["splits"][split]) for n in names], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel(f"{metric} (%) on {next(iter(r['splits']))}")
+        ax.set_xlabel(f"{metric} (%) on {split}")
         ax.set_title(task)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
