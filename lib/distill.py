@@ -41,6 +41,7 @@ from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.classifier import Classifier
 from lib.config import DistillConfig, ImplConfig
 from lib.distributed import Context
+from lib.efficiency import parameter_count
 from lib.errors import UserError
 from lib.finetune import predict_all, scored
 from lib.io import atomic_file
@@ -212,7 +213,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     torch.manual_seed(seed)
     distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model)  # from the whole teacher
     student = distiller.student
-    teacher_params = teacher.backbone.num_params() + sum(p.numel() for p in teacher.head.parameters())
+    teacher_params = parameter_count(teacher)
 
     started = time.perf_counter()
     teacher = teacher.to(device)
@@ -269,11 +270,11 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     scoring_started = time.perf_counter()
     distributed.load_full_state(student, None, safetensors.torch.load_file(str(best_path)))
     student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)
-    student_params = student.backbone.num_params() + sum(p.numel() for p in student.head.parameters())
     result = DistillResult(
         task.name, teacher_scores, student_scores, confusion, state["best_epoch"], state["history"],
         round(state["seconds"] + time.perf_counter() - scoring_started, 1), teacher_seconds,
-        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map, student_params, teacher_params)
+        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map, parameter_count(student),
+        teacher_params)
     return result, distributed.to_cpu(student.eval(), context)
 
 
