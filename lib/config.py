@@ -33,12 +33,13 @@ class ParamsError(UserError):
 class CorpusConfig:
     """Unlabeled text for language-model training (cleaned by the `clean` stage)."""
 
-    source: str  # a local file/folder, or hf:<dataset>[/<config>]
+    source: str  # a local file/folder, or hf:<org>/<name>[/<config>][@<revision>]
     splits: list[str] = field(default_factory=lambda: ["train"])  # read and cleaned as training text
     text_field: str = "text"
     valid_split: str | None = None  # a split of the source used as validation text, else hashed out of train
     valid_fraction: float = 0.01  # share of documents hashed into validation when valid_split is None
-    max_docs: int | None = None  # read at most this many documents per split (quick runs, tests)
+    max_docs: int | None = None  # read at most this many documents of each split of the source (of a hub
+    # dataset: of each split the hub publishes; the data stage downloads no more than that)
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
@@ -50,6 +51,15 @@ class CorpusConfig:
             raise ParamsError(f"{key}.valid_split: '{self.valid_split}' is also in {key}.splits; "
                               "validation text must not be training text")
         at_least_one_or_null(self, key, "max_docs")
+
+
+@dataclass
+class DataConfig:
+    """Where the `data` stage finds hub datasets before it asks the hub (lib/raw.py)."""
+
+    # a folder of offline copies, one folder per dataset named as in data/raw (e.g. imdb, sst2,
+    # wikipedia_en), relative to the project root; null = always the hub
+    mirror: str | None = "../shared/data"
 
 
 @dataclass
@@ -485,6 +495,7 @@ class Params:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     objective: Objective = "mlm"
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -561,15 +572,13 @@ def check_ulmfit_lr(section: Any, key: str) -> None:
 
 
 def check_source(source: str, key: str) -> None:
-    """A local source must exist now; a hub source is resolved by `datasets` when it is read."""
-    if source.startswith(HUB_PREFIX):
-        if not source[len(HUB_PREFIX):].strip("/"):
-            raise ParamsError(f"{key}: '{source}' names no dataset; write hf:<dataset>[/<config>]")
-        return
-    path = Path(source)
-    if not path.exists():
-        raise ParamsError(f"{key}: '{source}' does not exist; point it at a file or folder of "
-                          f"{'/'.join(LOCAL_SUFFIXES)} files, or a hub dataset as hf:<dataset>[/<config>]")
+    """The form of a source; the `data` stage reads it (a local path from the project root) and says
+    in one line what is wrong with one it cannot read."""
+    if not source.strip():
+        raise ParamsError(f"{key}: empty; name a local file or folder of {'/'.join(LOCAL_SUFFIXES)} files, "
+                          "or a hub dataset as hf:<org>/<name>[/<config>][@<revision>]")
+    if source.startswith(HUB_PREFIX) and not source[len(HUB_PREFIX):].partition("@")[0].strip("/"):
+        raise ParamsError(f"{key}: '{source}' names no dataset; write hf:<org>/<name>[/<config>][@<revision>]")
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -671,6 +680,26 @@ def _describe(value: Any) -> str:
         return "null"
     text = repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def stage_params(params: Params, stage: str) -> dict[str, Any]:
+    """{dotted key: value} of the params `stage` lists in dvc.yaml: what DVC reruns the stage for, and
+    so what its resume fingerprint and its MLflow run record, from that one list. dvc.yaml is the one
+    of the project the stage runs in (the working directory or a parent)."""
+    here = Path.cwd().resolve()
+    path = next((p / "dvc.yaml" for p in (here, *here.parents) if (p / "dvc.yaml").is_file()), None)
+    if path is None:
+        raise ParamsError(f"dvc.yaml: not found in {here} or above; run the stage from the project root")
+    stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages", {})
+    if stage not in stages:
+        raise ParamsError(f"{path}: no stage '{stage}'; the stage scripts and dvc.yaml are out of step")
+    values = {}
+    for key in stages[stage].get("params", []):
+        value: Any = params
+        for part in key.split("."):
+            value = value[part] if isinstance(value, dict) else getattr(value, part)
+        values[key] = value
+    return values
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -5,10 +5,7 @@ object per line, which later stages stream through `lib.sources` like any other 
 """
 from __future__ import annotations
 
-import gzip
-import io
 import hashlib
-import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,6 +13,7 @@ from pathlib import Path
 from lib.clean import CleanStats, DocumentCleaner
 from lib.config import CorpusConfig, TaskConfig
 from lib.errors import UserError
+from lib.io import JsonlGzWriter
 from lib.sources import read_texts
 
 CORPORA = ("pretrain", "domain")  # the fields of lib.config.Corpora, in the order they are cleaned
@@ -38,59 +36,40 @@ def eval_texts(tasks: dict[str, TaskConfig]) -> Iterator[str]:
                                       field_key=f"tasks.{name}.{field}")
 
 
-class JsonlWriter:
-    """Streams {"text": ...} lines into a gzip file (level 1: cleaning, not compression, is the point)."""
-
-    def __init__(self, path: Path):
-        self.path, self.docs, self.chars = path, 0, 0
-        # No name and a zero mtime in the gzip header: the same documents give the same bytes, so a
-        # rerun of `clean` does not make DVC rerun the stages after it.
-        self._raw = open(path, "wb")
-        self._file = io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=self._raw,
-                                                    mtime=0), encoding="utf-8")
-
-    def write(self, text: str) -> None:
-        self._file.write(json.dumps({"text": text}, ensure_ascii=False))
-        self._file.write("\n")
-        self.docs += 1
-        self.chars += len(text)
-
-    def close(self) -> None:
-        self._file.close()
-        self._raw.close()
-
-
 def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path) -> dict:
     """Clean `corpus` into out_dir/{train,valid}.jsonl.gz; return its statistics.
 
     A source validation split is cleaned first, so training documents that duplicate a validation
     document are the ones dropped and the validation set stays as the source defines it."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    writers = {split: JsonlWriter(out_dir / f"{split}{SUFFIX}") for split in (TRAIN, VALID)}
     stats = CleanStats()
+    chars = dict.fromkeys((TRAIN, VALID), 0)
     start = time.perf_counter()
-    try:
+    with JsonlGzWriter(out_dir / f"{TRAIN}{SUFFIX}") as train, JsonlGzWriter(out_dir / f"{VALID}{SUFFIX}") as valid:
+        writers = {TRAIN: train, VALID: valid}
+
+        def write(split: str, text: str) -> None:
+            writers[split].write({"text": text})
+            chars[split] += len(text)
+
         if corpus.valid_split is not None:
             for text in cleaner.run(_read(corpus, [corpus.valid_split], key), stats):
-                writers[VALID].write(text)
+                write(VALID, text)
             for text in cleaner.run(_read(corpus, corpus.splits, key), stats):
-                writers[TRAIN].write(text)
+                write(TRAIN, text)
         else:
             for text in cleaner.run(_read(corpus, corpus.splits, key), stats):
-                writers[VALID if in_valid_split(text, corpus.valid_fraction) else TRAIN].write(text)
-    finally:
-        for writer in writers.values():
-            writer.close()
+                write(VALID if in_valid_split(text, corpus.valid_fraction) else TRAIN, text)
     seconds = time.perf_counter() - start
     for split, writer in writers.items():
-        if writer.docs == 0:
+        if writer.rows == 0:
             raise UserError(f"{key}: no {split} documents left after cleaning ({stats.docs_in} read); "
                             f"use more data{' or a larger valid_fraction' if split == VALID else ''}, "
                             "or loosen the clean rules (see metrics)")
     return {**stats.as_dict(), "seconds": round(seconds, 3),
             "mb_per_s": round(stats.chars_in / 1e6 / max(seconds, 1e-9), 2),
-            **{f"{split}_docs": w.docs for split, w in writers.items()},
-            **{f"{split}_chars": w.chars for split, w in writers.items()}}
+            **{f"{split}_docs": w.rows for split, w in writers.items()},
+            **{f"{split}_chars": n for split, n in chars.items()}}
 
 
 def _read(corpus: CorpusConfig, splits: Iterable[str], key: str) -> Iterator[str]:

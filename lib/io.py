@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gzip
+import io
 import itertools
 import json
 import os
@@ -82,3 +84,38 @@ def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
     iterator = iter(items)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
+
+
+class JsonlGzWriter:
+    """Streams rows (dicts) as JSON lines into a gzip file, written atomically; a context manager.
+    Deterministic bytes: no file name and a zero mtime in the gzip header, so the same rows give the
+    same file and a rerun of the stage that writes it does not make DVC rerun the stages after it.
+    Level 1: these are working files, speed matters more than size."""
+
+    def __init__(self, path: str | Path):
+        self.rows = 0
+        self._target = atomic_file(path, "wb")
+        self._raw = self._target.__enter__()
+        self._file = io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=self._raw,
+                                                    mtime=0), encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(row, ensure_ascii=False))
+        self._file.write("\n")
+        self.rows += 1
+
+    def __enter__(self) -> JsonlGzWriter:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._file.close()  # flushes gzip's trailer into the temporary file, which stays open
+        self._target.__exit__(*exc_info)
+
+
+def project_root() -> Path:
+    """DVC_ROOT under DVC (the original project, also for a queued experiment that DVC runs in a
+    temporary copy), else the nearest folder holding dvc.yaml, else the working directory."""
+    if os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    here = Path.cwd().resolve()
+    return next((p for p in (here, *here.parents) if (p / "dvc.yaml").exists()), here)

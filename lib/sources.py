@@ -1,9 +1,11 @@
 """Read rows from a data source through `datasets`, streaming.
 
 A source is a local file or folder of .jsonl/.json/.txt (optionally .gz) or .parquet files, or a
-hub dataset written `hf:<dataset>[/<config>]`. In a folder, a file's split is its name up to the
-first dot (`train.jsonl.gz` -> train; shards `train-00001.parquet` join split train); a single file
-is split `train`. Rows are streamed, never loaded whole, and fields are mapped by name.
+hub dataset written `hf:<org>/<name>[/<config>][@<revision>]` (e.g. `hf:nyu-mll/glue/sst2@bcdcba7`).
+In a folder, a file's split is its name up to the first dot (`train.jsonl.gz` -> train; shards
+`train-00001.parquet` join split train); a single file is split `train`. Rows are streamed, never
+loaded whole, and fields are mapped by name. The stages read local folders only: the `data` stage
+(lib/raw.py) reads hub sources into data/raw first.
 
 Undecodable bytes in a text file become U+FFFD instead of stopping the read; the clean stage then
 drops those documents and counts them as `undecodable`.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +26,7 @@ SHARD_SUFFIX = re.compile(r"-\d+(-of-\d+)?$")
 READ_BATCH = 1000
 
 
-def _suffix(path: Path) -> str | None:
+def data_suffix(path: Path) -> str | None:
     name = path.name.lower()
     return next((s for s in LOCAL_SUFFIXES if name.endswith(s)), None)
 
@@ -38,19 +41,19 @@ def local_files(source: str, key: str) -> dict[str, list[str]]:
     if path.is_file():
         candidates = [path]
     elif path.is_dir():
-        candidates = sorted(p for p in path.iterdir() if p.is_file() and _suffix(p))
+        candidates = sorted(p for p in path.iterdir() if p.is_file() and data_suffix(p))
     else:
         raise UserError(f"{key}: '{source}' does not exist")
-    if not candidates or not _suffix(candidates[0]):
+    if not candidates or not data_suffix(candidates[0]):
         raise UserError(f"{key}: no {'/'.join(LOCAL_SUFFIXES)} files in '{source}'")
-    builders = {_builder(_suffix(p)) for p in candidates}
+    builders = {_builder(data_suffix(p)) for p in candidates}
     if len(builders) > 1:
         raise UserError(f"{key}: '{source}' mixes file formats ({', '.join(sorted(builders))}); keep one per source")
     splits: dict[str, list[str]] = defaultdict(list)
     for p in candidates:
         if p.stat().st_size == 0:
             raise UserError(f"{key}: '{p}' is empty; remove it or fill it")
-        split = "train" if path.is_file() else SHARD_SUFFIX.sub("", p.name[: -len(_suffix(p))])
+        split = "train" if path.is_file() else SHARD_SUFFIX.sub("", p.name[: -len(data_suffix(p))])
         splits[split].append(str(p))
     return dict(splits)
 
@@ -59,53 +62,65 @@ def list_splits(source: str, key: str) -> list[str]:
     if source.startswith(HUB_PREFIX):
         import datasets
 
-        name, config = _hub_name(source)
+        hub = parse_hub(source, key)
         try:
-            return list(datasets.get_dataset_split_names(name, config))
+            return list(datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision))
         except Exception as err:  # network, unknown dataset, gated: all surface as one line
             raise UserError(f"{key}: cannot load '{source}' ({describe(err)})") from None
     return sorted(local_files(source, key))
 
 
-def _hub_name(source: str) -> tuple[str, str | None]:
-    """hf:imdb -> ('imdb', None); hf:glue/sst2 -> ('glue', 'sst2'); hf:org/name/config -> ('org/name', 'config').
-    A local folder laid out as a hub dataset repo (hf:/path/to/repo) is taken whole."""
-    name = source[len(HUB_PREFIX):]
-    if Path(name).is_dir():
-        return name, None
-    parts = name.strip("/").split("/")
-    if len(parts) == 1:
-        return parts[0], None
-    if len(parts) == 2:
-        # `org/name` (a repo id) and `name/config` look alike; datasets resolves the former, so try it first
-        return ("/".join(parts), None) if _is_repo_id(parts) else (parts[0], parts[1])
-    return "/".join(parts[:2]), "/".join(parts[2:])
+@dataclass(frozen=True)
+class HubId:
+    repo: str  # org/name, or a legacy name without an org
+    config: str | None
+    revision: str | None  # a commit, branch or tag; None = the default branch
+
+    def __str__(self) -> str:
+        return HUB_PREFIX + "/".join(filter(None, (self.repo, self.config))) + (f"@{self.revision}" if self.revision else "")
 
 
-def _is_repo_id(parts: list[str]) -> bool:
-    import datasets
-
-    try:
-        datasets.get_dataset_config_names("/".join(parts))
-        return True
-    except Exception:
-        return False
+def parse_hub(source: str, key: str) -> HubId:
+    """hf:org/name[/config][@revision] -> HubId, by position alone: no request to the hub, so an id
+    reads the same offline (`hf:stanfordnlp/imdb` is repo stanfordnlp/imdb, never dataset stanfordnlp
+    with config imdb). A single name (`hf:imdb`) is a legacy id without an org. A local folder laid
+    out as a hub dataset repo (`hf:/path/to/repo`) is taken whole."""
+    spec, _, revision = source[len(HUB_PREFIX):].partition("@")
+    if spec.strip("/") and Path(spec).is_dir():
+        return HubId(spec, None, revision or None)
+    parts = spec.strip("/").split("/")
+    if not all(parts) or (source.count("@") and not revision):
+        raise UserError(f"{key}: '{source}' is not a hub id; write hf:<org>/<name>[/<config>][@<revision>]")
+    return HubId("/".join(parts[:2]), "/".join(parts[2:]) or None, revision or None)
 
 
 def _open(source: str, split: str, key: str):
     import datasets
 
     if source.startswith(HUB_PREFIX):
-        name, config = _hub_name(source)
-        return datasets.load_dataset(name, config, split=split, streaming=True)
+        hub = parse_hub(source, key)
+        return datasets.load_dataset(hub.repo, hub.config, revision=hub.revision, split=split, streaming=True)
     files = local_files(source, key)
     if split not in files:
         raise UserError(f"{key}: split '{split}' not in '{source}' (it has: {', '.join(sorted(files))})")
-    builder = _builder(_suffix(Path(files[split][0])))
+    builder = _builder(data_suffix(Path(files[split][0])))
     # `json` decodes with errors='replace' only for an encoding other than the literal "utf-8",
     # so "utf8" (the same codec) is how undecodable bytes become U+FFFD instead of an exception.
     options = {"encoding": "utf8", "encoding_errors": "replace"} if builder in ("json", "text") else {}
     return datasets.load_dataset(builder, data_files={split: files[split]}, split=split, streaming=True, **options)
+
+
+def _batches(source: str, split: str, key: str) -> Iterator[dict[str, list]]:
+    """Column batches of `split`, with any error of `datasets`/pyarrow deep inside turned into one
+    UserError line that names `key` and the source."""
+    try:
+        yield from _open(source, split, key).iter(batch_size=READ_BATCH)
+    except UserError:
+        raise
+    except StopIteration:  # how datasets' json reader reports a file without a single row
+        return
+    except Exception as err:
+        raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
 
 
 def read_rows(source: str, split: str, fields: dict[str, str], key: str, max_rows: int | None = None,
@@ -115,42 +130,38 @@ def read_rows(source: str, split: str, fields: dict[str, str], key: str, max_row
     each field (by output name; default `key`). Raises UserError on a missing split or field, an
     empty split, or a source `datasets` cannot read."""
     n = 0
-    try:
-        dataset = _open(source, split, key)
-        batches = dataset.iter(batch_size=READ_BATCH)
-        for batch in batches:
-            if n == 0:
-                missing = [name for name, f in fields.items() if f not in batch]
-                if missing:
-                    raise UserError(f"{(field_keys or {}).get(missing[0], key)}: field '{fields[missing[0]]}' not in "
-                                    f"'{source}' split '{split}' (fields: {', '.join(batch)}); "
-                                    "set the field name in params.yaml")
-            columns = [batch[f] for f in fields.values()]
-            for values in zip(*columns):
-                yield dict(zip(fields, values))
-                n += 1
-                if max_rows is not None and n >= max_rows:
-                    return
-    except UserError:
-        raise
-    except StopIteration:  # how datasets' json reader reports a file without a single row
-        pass
-    except Exception as err:  # datasets/pyarrow errors deep inside: report which source failed
-        raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
+    for batch in _batches(source, split, key):
+        if n == 0:
+            missing = [name for name, f in fields.items() if f not in batch]
+            if missing:
+                raise UserError(f"{(field_keys or {}).get(missing[0], key)}: field '{fields[missing[0]]}' not in "
+                                f"'{source}' split '{split}' (fields: {', '.join(batch)}); "
+                                "set the field name in params.yaml")
+        for values in zip(*(batch[f] for f in fields.values())):
+            yield dict(zip(fields, values))
+            n += 1
+            if max_rows is not None and n >= max_rows:
+                return
+    if n == 0:
+        raise UserError(f"{key}: '{source}' split '{split}' has no rows")
+
+
+def read_records(source: str, split: str, key: str, max_rows: int | None = None) -> Iterator[dict[str, Any]]:
+    """Every field of each row of `split`, as read (at most max_rows rows); errors as read_rows'."""
+    n = 0
+    for batch in _batches(source, split, key):
+        for values in zip(*batch.values()):
+            yield dict(zip(batch, values))
+            n += 1
+            if max_rows is not None and n >= max_rows:
+                return
     if n == 0:
         raise UserError(f"{key}: '{source}' split '{split}' has no rows")
 
 
 def split_columns(source: str, split: str, key: str) -> list[str]:
     """The field names of `split`, from its first rows (UserError for a missing split or an unreadable source)."""
-    try:
-        return list(next(iter(_open(source, split, key).iter(batch_size=1))))
-    except UserError:
-        raise
-    except StopIteration:
-        return []
-    except Exception as err:
-        raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
+    return list(next(_batches(source, split, key), {}))
 
 
 def read_texts(source: str, split: str, field: str, key: str, max_rows: int | None = None,

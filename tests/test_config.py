@@ -83,14 +83,18 @@ def test_duplicate_special_tokens(chdir_root, tmp_path, default_params):
     assert "tokenizer.special_tokens: special tokens must be distinct" in error_of(tmp_path, default_params)
 
 
-def test_missing_source(chdir_root, tmp_path, default_params):
+def test_sources_are_not_read_when_params_load(chdir_root, tmp_path, default_params):
+    """Only the data stage reads sources (and says in one line what is wrong with one): a stage that
+    runs in a queued experiment's temporary copy must not stop on a path it never reads."""
     default_params["tasks"]["sst2"]["source"] = "../shared/data/sst3"
-    assert "tasks.sst2.source: '../shared/data/sst3' does not exist" in error_of(tmp_path, default_params)
-
-
-def test_hub_source_is_not_checked_for_existence(chdir_root, tmp_path, default_params):
     default_params["corpora"]["pretrain"]["source"] = "hf:wikitext/wikitext-103-raw-v1"
-    assert load(tmp_path, default_params).corpora.pretrain.source.startswith("hf:")
+    params = load(tmp_path, default_params)
+    assert params.tasks["sst2"].source == "../shared/data/sst3" and params.corpora.pretrain.source.startswith("hf:")
+
+
+def test_empty_source(chdir_root, tmp_path, default_params):
+    default_params["tasks"]["sst2"]["source"] = " "
+    assert "tasks.sst2.source: empty; name a local file or folder" in error_of(tmp_path, default_params)
 
 
 def test_empty_hub_name(chdir_root, tmp_path, default_params):

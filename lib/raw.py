@@ -1,0 +1,275 @@
+"""Stage `data`: every source the chain reads, read once into data/raw/<name>/, so that the stages
+after it depend on content DVC tracks, not on a path outside the repository or on a hub download.
+
+A source in params (`corpora.*.source`, `tasks.*.source`) is a hub id,
+`hf:<org>/<name>[/<config>][@<revision>]`, or a local file or folder. Each becomes data/raw/<name>/,
+one `<split>.jsonl.gz` per split (a local source: its data files, copied as they are) and
+`source.json`, the identity it was read with. The rows come from, in this order:
+- a local source: its files (a relative path is read from the project root);
+- a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
+- otherwise the hub, through `datasets`, streaming, at the pinned revision.
+A hub dataset whose names differ from ours (IMDb's split `unsupervised`, GLUE's `sentence` fields,
+Wikipedia's single split) is mapped in LAYOUTS, the one place for it, onto the names of its mirror
+copy, so params read the same whichever way the rows came. A source already read with the same
+identity (source, row cap, FORMAT; a local source's file contents) is not read again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from lib.config import HUB_PREFIX, Params
+from lib.errors import UserError, describe
+from lib.io import JsonlGzWriter, atomic_dir, project_root
+from lib.sources import data_suffix, local_files, parse_hub, read_records
+
+# Bump when the rows written for an unchanged source change (a new mapping, another row format):
+# data/raw/<name>/source.json carries it, and a name read with another FORMAT is read again.
+FORMAT = 1
+IDENTITY_FILE = "source.json"
+LABEL_WITHHELD = -1  # the hub's label of a row that has none (GLUE test splits, IMDb unsupervised)
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def wikipedia_split(row: dict[str, Any]) -> str:
+    """The mirror copy's rule (wikipedia_en/PROVENANCE.md): CRC32 of the decimal page id, mod 100:
+    0 is test, 1 validation, the rest train. The hub publishes one split."""
+    bucket = zlib.crc32(str(row["id"]).encode("utf-8")) % 100
+    return {0: "test", 1: "validation"}.get(bucket, "train")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A hub dataset in our names, those of its mirror copy (its PROVENANCE.md tells the source)."""
+
+    name: str  # its folder in data/raw and in the mirror
+    columns: tuple[str, ...]  # the fields kept, in this order; a field a row lacks is written as null
+    fields: dict[str, str] = field(default_factory=dict)  # hub field -> ours
+    splits: dict[str, str] = field(default_factory=dict)  # hub split -> ours
+    deal: Callable[[dict[str, Any]], str] | None = None  # our split of a hub row, where one hub split is several of ours
+
+    def hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        return self.row({self.fields.get(k, k): v for k, v in row.items()})
+
+    def row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The columns, with a withheld label written as null (as the mirror copies leave it out)."""
+        out = {column: row.get(column) for column in self.columns}
+        if "label" in out and out["label"] == LABEL_WITHHELD:
+            out["label"] = None
+        return out
+
+
+GLUE_PAIR = {"sentence1": "text_a", "sentence2": "text_b"}
+LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
+    ("stanfordnlp/imdb", None): Layout("imdb", ("text", "label"), splits={"unsupervised": "unsup"}),
+    ("nyu-mll/glue", "sst2"): Layout("sst2", ("text", "label"), fields={"sentence": "text"}),
+    ("nyu-mll/glue", "cola"): Layout("cola", ("text", "label"), fields={"sentence": "text"},
+                                     splits={"test": "test_unlabeled"}),
+    ("nyu-mll/glue", "mrpc"): Layout("mrpc", ("text_a", "text_b", "label"), fields=GLUE_PAIR),
+    ("nyu-mll/glue", "rte"): Layout("rte", ("text_a", "text_b", "label"), fields=GLUE_PAIR,
+                                    splits={"test": "test_unlabeled"}),
+    ("wikimedia/wikipedia", "20231101.en"): Layout("wikipedia_en", ("id", "title", "text"), deal=wikipedia_split),
+}
+
+
+@dataclass
+class Use:
+    """One source and the params keys that name it."""
+
+    source: str
+    keys: list[str]
+    max_rows: int | None  # at most this many rows of each of its splits are needed (None: all)
+
+
+def uses(params: Params) -> dict[str, Use]:
+    """data/raw name -> the source stored there and who reads it. Two sources may not share a name."""
+    named: dict[str, Use] = {}
+    found = [(f"corpora.{name}", getattr(params.corpora, name).source, getattr(params.corpora, name).max_docs)
+             for name in ("pretrain", "domain")]
+    found += [(f"tasks.{name}", task.source, None) for name, task in params.tasks.items()]
+    for key, source, max_rows in found:
+        name = raw_name(source, f"{key}.source")
+        use = named.setdefault(name, Use(source, [], max_rows))
+        if use.source != source:
+            raise UserError(f"{key}.source: '{source}' and {use.keys[0]}.source '{use.source}' are both stored as "
+                            f"data/raw/{name}; name the same source the same way (same revision) in both")
+        use.keys.append(key)
+        use.max_rows = None if use.max_rows is None or max_rows is None else max(use.max_rows, max_rows)
+    return named
+
+
+def layout_of(source: str, key: str) -> Layout | None:
+    if not source.startswith(HUB_PREFIX):
+        return None
+    hub = parse_hub(source, key)
+    return LAYOUTS.get((hub.repo, hub.config))
+
+
+def raw_name(source: str, key: str) -> str:
+    """The folder of `source` in data/raw and in the mirror: a known hub dataset's mirror name; another
+    hub dataset's repo and config; a local source's file name and a digest of its path as written."""
+    layout = layout_of(source, key)
+    if layout is not None:
+        return layout.name
+    if source.startswith(HUB_PREFIX) and not Path(parse_hub(source, key).repo).is_dir():
+        hub = parse_hub(source, key)
+        return _slug("--".join(filter(None, (hub.repo.replace("/", "--"), hub.config))))
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:8]
+    return f"{_slug(Path(source.removeprefix(HUB_PREFIX).partition('@')[0]).name.split('.')[0])}-{digest}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "source"
+
+
+def localize(params: Params, raw_dir: Path) -> Params:
+    """`params` with every source replaced by its folder under raw_dir, which the data stage wrote:
+    what the stages after it read."""
+    def local(section: Any, key: str) -> Any:
+        return replace(section, source=str(raw_dir / raw_name(section.source, f"{key}.source")))
+
+    corpora = replace(params.corpora, **{n: local(getattr(params.corpora, n), f"corpora.{n}")
+                                         for n in ("pretrain", "domain")})
+    tasks = {name: local(task, f"tasks.{name}") for name, task in params.tasks.items()}
+    return replace(params, corpora=corpora, tasks=tasks)
+
+
+def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
+    """Read every source of `params` into out/<name>/ (skipping those already there with the same
+    identity) and remove the names no source uses any more; returns per name what was done."""
+    out.mkdir(parents=True, exist_ok=True)
+    mirror = None if params.data.mirror is None else _from_root(params.data.mirror)
+    report = {}
+    named = uses(params)
+    for name, use in named.items():
+        started = time.perf_counter()
+        identity = identity_of(use)
+        kept = _read_identity(out / name)
+        if kept is not None and kept["identity"] == identity:
+            origin = "kept: read earlier with the same identity"
+            splits = kept["rows"]
+        else:
+            with atomic_dir(out / name) as tmp:
+                origin, splits = fetch(use, name, mirror, tmp)
+                (tmp / IDENTITY_FILE).write_text(json.dumps({"identity": identity, "rows": splits}, indent=2,
+                                                            sort_keys=True) + "\n", encoding="utf-8")
+        report[name] = {"source": use.source, "used_by": use.keys, "origin": origin, "rows": splits,
+                        "seconds": round(time.perf_counter() - started, 2)}
+        print(f"data: {name}: {sum(splits.values()):,} rows ({', '.join(f'{s} {n:,}' for s, n in splits.items())}) "
+              f"<- {origin}", flush=True)
+    for stale in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in named):
+        shutil.rmtree(stale)
+        print(f"data: {stale.name}: no source uses it any more, removed", flush=True)
+    return report
+
+
+def up_to_date(params: Params, out: Path) -> bool:
+    """Every source of `params` is in `out` with its identity, and nothing else is."""
+    named = uses(params)
+    kept = {p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")} if out.is_dir() else set()
+    return kept == set(named) and all(
+        (_read_identity(out / name) or {}).get("identity") == identity_of(use) for name, use in named.items())
+
+
+def identity_of(use: Use) -> dict[str, Any]:
+    """What the rows of data/raw/<name> are a function of. A local source: its files' contents."""
+    identity: dict[str, Any] = {"source": use.source, "max_rows": use.max_rows, "format": FORMAT}
+    if not use.source.startswith(HUB_PREFIX):
+        files = local_files(str(_from_root(use.source)), f"{use.keys[0]}.source")
+        identity["files"] = {Path(path).name: _sha256(Path(path)) for paths in files.values() for path in paths}
+    return identity
+
+
+def _read_identity(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def fetch(use: Use, name: str, mirror: Path | None, out: Path) -> tuple[str, dict[str, int]]:
+    """Write the rows of `use.source` into `out`; returns (where they came from, rows per split)."""
+    key = f"{use.keys[0]}.source"
+    if not use.source.startswith(HUB_PREFIX):
+        return f"local {use.source}", copy_local(use, out)
+    layout = layout_of(use.source, key)
+    copy = None if mirror is None else mirror / name
+    if copy is not None and copy.is_dir():
+        rows = {split: (layout.row(r) if layout else r for r in read_records(str(copy), split, key, use.max_rows))
+                for split in sorted(local_files(str(copy), key))}
+        return f"mirror {copy}", write_splits(rows, out)
+    return f"hub {use.source}", write_splits(hub_rows(use, layout, key, copy), out)
+
+
+def copy_local(use: Use, out: Path) -> dict[str, int]:
+    """A local source's data files, as they are (a single file becomes split train)."""
+    key = f"{use.keys[0]}.source"
+    source = _from_root(use.source)
+    for paths in local_files(str(source), key).values():
+        for path in map(Path, paths):
+            shutil.copyfile(path, out / (path.name if source.is_dir() else "train" + data_suffix(path)))
+    return {split: sum(1 for _ in read_records(str(out), split, key)) for split in local_files(str(out), key)}
+
+
+def hub_rows(use: Use, layout: Layout | None, key: str, copy: Path | None) -> dict[str, Iterator[dict]]:
+    """Our split -> the hub's rows for it, read lazily (streaming, at most use.max_rows per hub split)."""
+    import datasets
+
+    hub = parse_hub(use.source, key)
+    where = f"put a copy in {copy} (one <split>.jsonl.gz per split)" if copy else "set data.mirror to a folder with a copy"
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARIABLES)
+    if offline and not Path(hub.repo).is_dir():
+        raise UserError(f"{key}: '{use.source}' has no copy in the mirror and the hub is offline "
+                        f"({'/'.join(OFFLINE_VARIABLES)} is set); {where}, or connect and run again")
+    try:
+        hub_splits = datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision)
+    except Exception as err:  # network, unknown dataset, gated, bad revision: one line
+        raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
+                        f"revision, or {where}") from None
+    parts = {split: read_records(use.source, split, key, use.max_rows) for split in hub_splits}
+    if layout is None:
+        return parts
+    if layout.deal is not None:
+        return _dealt(layout, parts.values())
+    return {layout.splits.get(split, split): map(layout.hub_row, records) for split, records in parts.items()}
+
+
+def _dealt(layout: Layout, parts: Iterable[Iterator[dict]]) -> dict[str, Iterator[dict]]:
+    """Rows of every hub split, dealt into our splits by layout.deal (one pass over the hub's rows)."""
+    dealt: dict[str, list[dict]] = {}
+    for part in parts:
+        for row in map(layout.hub_row, part):
+            dealt.setdefault(layout.deal(row), []).append(row)
+    return {split: iter(rows) for split, rows in dealt.items()}
+
+
+def write_splits(rows: dict[str, Iterator[dict]], out: Path) -> dict[str, int]:
+    counts = {}
+    for split in sorted(rows):
+        with JsonlGzWriter(out / f"{split}.jsonl.gz") as writer:
+            for row in rows[split]:
+                writer.write(row)
+        counts[split] = writer.rows
+    return counts
+
+
+def _from_root(path: str) -> Path:
+    """A path from params, relative to the project root: the same folder for a queued experiment,
+    which DVC runs in a temporary copy of the project."""
+    return (project_root() / path).resolve()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,202 @@
+"""The data stage (lib/raw.py): hub ids read without the network, the mirror and the hub giving the same
+data/raw, local sources copied and re-read when their content changes, one-line errors offline."""
+import gzip
+import json
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from lib.config import load_params
+from lib.errors import UserError
+from lib.raw import localize, raw_name, read_all
+from lib.sources import HubId, parse_hub
+from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
+
+IMDB = "hf:stanfordnlp/imdb@e6281661ce1c48d982bc483cf8a173c1bbeb5d31"
+SST2 = "hf:nyu-mll/glue/sst2@bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c"
+WIKI = "hf:wikimedia/wikipedia/20231101.en@b04c8d1ceb2f5cd4588862100d08de323dccfbaa"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("hf:stanfordnlp/imdb", HubId("stanfordnlp/imdb", None, None)),
+    ("hf:nyu-mll/glue/sst2@bcdcba7", HubId("nyu-mll/glue", "sst2", "bcdcba7")),
+    ("hf:wikimedia/wikipedia/20231101.en@main", HubId("wikimedia/wikipedia", "20231101.en", "main")),
+    ("hf:imdb", HubId("imdb", None, None)),
+])
+def test_hub_ids_are_read_by_position_without_the_network(source, expected):
+    """Offline, `hf:stanfordnlp/imdb` was once read as dataset `stanfordnlp` with config `imdb`."""
+    assert parse_hub(source, "k") == expected
+    assert str(expected) == source
+
+
+@pytest.mark.parametrize("source", ["hf:org//name", "hf:org/name@", "hf:@main"])
+def test_a_malformed_hub_id_is_one_line(source):
+    with pytest.raises(UserError, match=r"^tasks.x.source: .* is not a hub id; write hf:<org>/<name>"):
+        parse_hub(source, "tasks.x.source")
+
+
+def head(path: Path, n: int) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line, _ in zip(f, range(n))]
+
+
+def tiny_mirror(mirror: Path) -> dict[str, dict[str, list[dict]]]:
+    """A few rows of each split of imdb, sst2 and wikipedia_en, as the mirror holds them."""
+    rows = {"imdb": {s: head(SHARED_DATA / "imdb" / f"{s}.jsonl.gz", 12) for s in ("train", "test", "unsup")},
+            "sst2": {s: head(SHARED_DATA / "sst2" / f"{s}.jsonl.gz", 12) for s in ("train", "validation", "test")},
+            "wikipedia_en": {s: sorted(({**r, "text": r["text"][:500]} for r in
+                                        head(SHARED_DATA / "wikipedia_en" / f"{s}.jsonl.gz", n)), key=lambda r: r["id"])
+                             for s, n in (("train", 20), ("validation", 3), ("test", 3))}}
+    for name, splits in rows.items():
+        for split, split_rows in splits.items():
+            write_jsonl_gz(mirror / name / f"{split}.jsonl.gz", split_rows)
+    return rows
+
+
+def hub_repo(folder: Path, config: str | None, splits: dict[str, list[dict]]) -> Path:
+    """A dataset repo laid out as on the hub: parquet shards per config and split, listed in the README."""
+    prefix = config or "plain_text"
+    entries = []
+    for split, rows in splits.items():
+        path = f"{prefix}/{split}-00000-of-00001.parquet"
+        (folder / prefix).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), folder / path)
+        entries.append({"split": split, "path": path})
+    (folder / "README.md").write_text("---\n" + yaml.safe_dump({"configs": [
+        {"config_name": prefix, "data_files": entries, "default": True}]}) + "---\n")
+    return folder
+
+
+def fake_hub(tmp_path: Path, rows: dict, monkeypatch) -> None:
+    """The hub's versions of the mirror rows (its names: IMDb's `unsupervised` split with label -1,
+    GLUE's `sentence` and `idx`, Wikipedia's one split with a `url`), served from local folders: only
+    where `datasets` looks a repo id up is redirected, so every line of ours runs as it would."""
+    imdb = hub_repo(tmp_path / "hub" / "imdb", None, {
+        "train": rows["imdb"]["train"], "test": rows["imdb"]["test"],
+        "unsupervised": [{"text": r["text"], "label": -1} for r in rows["imdb"]["unsup"]]})
+    sst2 = hub_repo(tmp_path / "hub" / "glue", "sst2", {
+        split: [{"sentence": r["text"], "label": r["label"], "idx": i} for i, r in enumerate(split_rows)]
+        for split, split_rows in rows["sst2"].items()})
+    wiki = hub_repo(tmp_path / "hub" / "wikipedia", "20231101.en", {"train": sorted(
+        ({**r, "url": f"https://en.wikipedia.org/wiki?curid={r['id']}"} for split in rows["wikipedia_en"].values()
+         for r in split), key=lambda r: r["id"])})
+    repos = {("stanfordnlp/imdb", None): (imdb, None), ("nyu-mll/glue", "sst2"): (sst2, "sst2"),
+             ("wikimedia/wikipedia", "20231101.en"): (wiki, "20231101.en")}
+    load, split_names = datasets.load_dataset, datasets.get_dataset_split_names
+
+    def local(repo, config):
+        assert (repo, config) in repos, f"the test's hub has no {repo} {config}"
+        return str(repos[repo, config][0]), repos[repo, config][1]
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda repo, config=None, revision=None, **kw:
+                        load(*local(repo, config), **kw))
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda repo, config=None, revision=None:
+                        split_names(*local(repo, config)))
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def params_for(tmp_path: Path, mirror: Path | None, **sources: str):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["data"]["mirror"] = None if mirror is None else str(mirror)
+    raw["corpora"]["pretrain"]["source"] = sources.get("pretrain", WIKI)
+    raw["corpora"]["domain"]["source"] = sources.get("domain", IMDB)
+    raw["tasks"] = {"imdb": {**raw["tasks"]["imdb"], "source": sources.get("imdb", IMDB)},
+                    "sst2": {**raw["tasks"]["sst2"], "source": sources.get("sst2", SST2)}}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_params(path)
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_mirror_and_the_hub_give_the_same_raw_data(tmp_path, monkeypatch):
+    rows = tiny_mirror(tmp_path / "mirror")
+    from_mirror = read_all(params_for(tmp_path, tmp_path / "mirror"), tmp_path / "raw-mirror")
+    fake_hub(tmp_path, rows, monkeypatch)
+    from_hub = read_all(params_for(tmp_path, None), tmp_path / "raw-hub")
+    assert {n: r["origin"].split()[0] for n, r in from_mirror.items()} == dict.fromkeys(from_mirror, "mirror")
+    assert {n: r["origin"].split()[0] for n, r in from_hub.items()} == dict.fromkeys(from_hub, "hub")
+    assert files(tmp_path / "raw-hub") == files(tmp_path / "raw-mirror")
+    assert sorted(files(tmp_path / "raw-hub")) == [
+        "imdb/source.json", "imdb/test.jsonl.gz", "imdb/train.jsonl.gz", "imdb/unsup.jsonl.gz",
+        "sst2/source.json", "sst2/test.jsonl.gz", "sst2/train.jsonl.gz", "sst2/validation.jsonl.gz",
+        "wikipedia_en/source.json", "wikipedia_en/test.jsonl.gz", "wikipedia_en/train.jsonl.gz",
+        "wikipedia_en/validation.jsonl.gz"]
+    unsup = [json.loads(line) for line in gzip.open(tmp_path / "raw-hub" / "imdb" / "unsup.jsonl.gz", "rt")]
+    assert {r["label"] for r in unsup} == {None}  # the hub's -1, the mirror's missing label: both null
+    assert from_hub["imdb"]["used_by"] == ["corpora.domain", "tasks.imdb"]
+
+
+def test_a_hub_row_cap_reads_no_more_than_it(tmp_path, monkeypatch):
+    rows = tiny_mirror(tmp_path / "mirror")
+    fake_hub(tmp_path, rows, monkeypatch)
+    params = params_for(tmp_path, None)
+    params.corpora.pretrain.max_docs = 10
+    report = read_all(params, tmp_path / "raw")
+    assert sum(report["wikipedia_en"]["rows"].values()) == 10
+    assert json.loads((tmp_path / "raw" / "wikipedia_en" / "source.json").read_text())["identity"]["max_rows"] == 10
+
+
+def test_offline_without_a_copy_is_one_line_naming_the_dataset_and_the_mirror(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tiny_mirror(tmp_path / "mirror")
+    (tmp_path / "mirror" / "sst2" / "train.jsonl.gz").unlink()
+    (tmp_path / "mirror" / "sst2" / "validation.jsonl.gz").unlink()
+    (tmp_path / "mirror" / "sst2" / "test.jsonl.gz").unlink()
+    (tmp_path / "mirror" / "sst2").rmdir()
+    with pytest.raises(UserError) as info:
+        read_all(params_for(tmp_path, tmp_path / "mirror"), tmp_path / "raw")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"tasks.sst2.source: '{SST2}' has no copy in the mirror and the hub is offline")
+    assert f"put a copy in {tmp_path / 'mirror' / 'sst2'} (one <split>.jsonl.gz per split)" in message
+
+
+def test_a_local_source_is_copied_and_read_again_when_its_content_changes(tmp_path, monkeypatch):
+    rows = tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}, {"text": "bad", "label": 0}])
+    write_jsonl_gz(local / "test.jsonl.gz", [{"text": "fine", "label": 1}])
+    (local / "README.md").write_text("not data")
+    params = params_for(tmp_path, tmp_path / "mirror", sst2=str(local))
+    name = raw_name(str(local), "k")
+    first = read_all(params, tmp_path / "raw")
+    assert first[name]["origin"] == f"local {local}" and first[name]["rows"] == {"test": 1, "train": 2}
+    assert (tmp_path / "raw" / name / "train.jsonl.gz").read_bytes() == (local / "train.jsonl.gz").read_bytes()
+    assert not (tmp_path / "raw" / name / "README.md").exists()
+    assert read_all(params, tmp_path / "raw")[name]["origin"].startswith("kept")
+    write_jsonl_gz(local / "test.jsonl.gz", [{"text": "fine", "label": 1}, {"text": "meh", "label": 0}])
+    again = read_all(params, tmp_path / "raw")
+    assert again[name]["origin"].startswith("local") and again[name]["rows"]["test"] == 2
+    assert localize(params, tmp_path / "raw").tasks["sst2"].source == str(tmp_path / "raw" / name)
+    assert rows  # the mirror served the other sources
+
+
+def test_a_single_local_file_becomes_split_train(tmp_path):
+    tiny_mirror(tmp_path / "mirror")
+    corpus = write_jsonl_gz(tmp_path / "my.corpus.jsonl.gz", [{"text": "one"}, {"text": "two"}])
+    report = read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(corpus)), tmp_path / "raw")
+    assert report[raw_name(str(corpus), "k")]["rows"] == {"train": 2}
+
+
+def test_names_no_source_uses_are_removed_and_a_name_clash_is_one_line(tmp_path):
+    tiny_mirror(tmp_path / "mirror")
+    (tmp_path / "raw" / "old").mkdir(parents=True)
+    read_all(params_for(tmp_path, tmp_path / "mirror"), tmp_path / "raw")
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["imdb", "sst2", "wikipedia_en"]
+    clash = params_for(tmp_path, tmp_path / "mirror", imdb=IMDB.replace("e6281661", "00000000"))
+    with pytest.raises(UserError, match=r"^tasks.imdb.source: .* are both stored as data/raw/imdb; name the same"):
+        read_all(clash, tmp_path / "raw")
+
+
+def test_a_missing_local_source_is_one_line_naming_its_key(tmp_path):
+    tiny_mirror(tmp_path / "mirror")
+    with pytest.raises(UserError, match=r"^tasks.sst2.source: '/no/such/folder' does not exist$"):
+        read_all(params_for(tmp_path, tmp_path / "mirror", sst2="/no/such/folder"), tmp_path / "raw")
