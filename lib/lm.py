@@ -7,7 +7,6 @@ schedule, and also reports the domain validation loss before it trains.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from lib.io import atomic_dir, write_csv, write_json
 from lib.model import Transformer
 from lib.objectives import Objective, save_objective
 from lib.packed import PackedTokens
+from lib.tokenizer import tokenizer_sha256
 from lib.trainer import Trainer, resolve_device
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
@@ -57,7 +57,9 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches)
     transformers = [m for m in objective.modules() if isinstance(m, Transformer)]
     flops_per_token = sum(m.flops_per_token(cfg.seq_len) for m in transformers)
-    tokenizer = hashlib.sha256((paths.tokenizer / "tokenizer.json").read_bytes()).hexdigest()
+    tokenizer = tokenizer_sha256(paths.tokenizer)
+    for packed in (train_tokens, valid_tokens):
+        packed.check_tokenizer(tokenizer, paths.tokenizer)
     run_id = fingerprint(stage_params, tokenizer=tokenizer,
                          data=[[s.n_tokens, s.n_docs] for s in (train_tokens, valid_tokens)])
     trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
@@ -78,7 +80,13 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
                "unigram_loss": unigram_loss(train_tokens), "objective": objective.name,
                "tokens_seen": state.tokens, "steps": state.step, "train_seconds": round(state.seconds, 1),
                "tokens_per_s": round(state.tokens / max(state.seconds, 1e-9), 1),
-               "params": objective.backbone().num_params(), "device": device.type}
+               "params": objective.backbone().num_params(), "device": device.type,
+               "tokens_planned": trainer.total_steps * trainer.step_tokens}
+    if state.step < trainer.total_steps:  # the wall-clock safety stop ended it: say so wherever results are read
+        metrics["stopped_early"] = (f"{stage}.budget_minutes ({cfg.budget_minutes:g}) stopped it after "
+                                    f"{state.tokens:,} of {metrics['tokens_planned']:,} planned tokens, so its results "
+                                    "depend on this machine's speed; raise the limit (or lower budget_tokens) and rerun")
+        print(f"warning: {stage}: {metrics['stopped_early']}", flush=True)
     if objective.causal:
         metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 50.0))
         if before:

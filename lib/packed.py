@@ -7,7 +7,8 @@ For a path prefix P:
   so document i with its eos is P.bin[idx[i]:idx[i + 1]];
 - `P.wstart`: uint8, 1 where a token starts a word (a pre-tokenizer word; eos and special tokens count
   as words), for whole-word masking;
-- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id.
+- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id, and `tokenizer`: the SHA-256 of the
+  tokenizer.json that encoded them, so a reader can tell token files of another vocabulary.
 The writer streams to temporary files that are renamed into place when it closes; P.json comes last.
 """
 from __future__ import annotations
@@ -46,10 +47,10 @@ class PackedWriter:
     and any earlier files of `prefix` stay as they were.
     """
 
-    def __init__(self, prefix: str | Path, vocab_size: int, eos_id: int) -> None:
+    def __init__(self, prefix: str | Path, vocab_size: int, eos_id: int, tokenizer: str | None = None) -> None:
         if not 0 <= eos_id < vocab_size:
             raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {vocab_size})")
-        self.prefix, self.vocab_size, self.eos_id = Path(prefix), vocab_size, eos_id
+        self.prefix, self.vocab_size, self.eos_id, self.tokenizer = Path(prefix), vocab_size, eos_id, tokenizer
         self.dtype = token_dtype(vocab_size)
         self.n_tokens = self.n_docs = 0
         self._files = contextlib.ExitStack()
@@ -84,7 +85,7 @@ class PackedWriter:
         self._files.close()
         write_json(packed_path(self.prefix, ".json"), {
             "dtype": self.dtype.name, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
-            "vocab_size": self.vocab_size, "eos_id": self.eos_id})
+            "vocab_size": self.vocab_size, "eos_id": self.eos_id, "tokenizer": self.tokenizer})
 
     def __enter__(self) -> PackedWriter:
         return self
@@ -109,6 +110,7 @@ class PackedTokens:
             self.n_docs: int = meta["n_docs"]
             self.vocab_size: int = meta["vocab_size"]
             self.eos_id: int = meta["eos_id"]
+            self.tokenizer: str | None = meta.get("tokenizer")
         except FileNotFoundError:
             raise UserError(f"{meta_path}: not found; encode the corpus first") from None
         except (ValueError, KeyError, TypeError) as err:
@@ -136,6 +138,13 @@ class PackedTokens:
     def __len__(self) -> int:
         return self.n_docs
 
+    def check_tokenizer(self, tokenizer: str, where: str | Path) -> None:
+        """These files must have been encoded by the tokenizer whose tokenizer.json has SHA-256 `tokenizer`
+        (the one in `where`): ids of another vocabulary would index the wrong embeddings, or none."""
+        if self.tokenizer != tokenizer:
+            raise UserError(f"{packed_path(self.prefix, '.json')}: encoded with another tokenizer than "
+                            f"{Path(where) / 'tokenizer.json'}; encode the corpora again (dvc repro tokenizer)")
+
     def doc(self, i: int) -> np.ndarray:
         """The tokens of document i, without its eos separator."""
         i = range(self.n_docs)[i]  # IndexError out of range; negative counts from the end
@@ -160,18 +169,20 @@ class EncodeStats:
 
 
 def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | Path, vocab_size: int,
-                     eos_id: int, batch_docs: int, unk_id: int | None = None) -> EncodeStats:
+                     eos_id: int, batch_docs: int, unk_id: int | None = None,
+                     tokenizer_sha256: str | None = None) -> EncodeStats:
     """Tokenize `texts` in batches of `batch_docs` and write them to the packed files of `prefix`.
 
     Documents get no bos/eos template (the packing adds one eos after each). The stats count `unk_id`,
     by default the unknown-token id of the tokenizer's model (byte-level BPE has none).
+    `tokenizer_sha256` (of the saved tokenizer.json) is recorded for PackedTokens.check_tokenizer.
     """
     if unk_id is None:
         unk_id = model_unk_id(tokenizer)
     tokenizer = unpadded(tokenizer)
     stats = EncodeStats()
     start = time.perf_counter()
-    with PackedWriter(prefix, vocab_size, eos_id) as writer:
+    with PackedWriter(prefix, vocab_size, eos_id, tokenizer_sha256) as writer:
         for batch in batched(texts, batch_docs):
             encodings = tokenizer.encode_batch(batch, add_special_tokens=False)  # in Rust, on every core
             ids = [encoding.ids for encoding in encodings]

@@ -19,14 +19,15 @@ ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)"
          "frozen": "frozen features + linear"}
 
 
-def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """summary.md and figures into out_dir (which must exist); returns the files written."""
+def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = ()) -> list[Path]:
+    """summary.md and figures into out_dir (which must exist); returns the files written. `warnings`
+    (plain sentences, e.g. a stage a time limit stopped early) open the summary."""
     figures = [scores_figure(results, out_dir / "scores.png"), speed_figure(results, out_dir / "speed.png")]
     figures += [confusion_figure(task, r, out_dir / f"confusion_{task}.png")
                 for task, r in results.items() if r.get("confusion")]
     figures = [f for f in figures if f is not None]
     summary = out_dir / "summary.md"
-    summary.write_text(markdown(results, [f.name for f in figures]), encoding="utf-8")
+    summary.write_text(markdown(results, [f.name for f in figures], warnings), encoding="utf-8")
     return [summary, *figures]
 
 
@@ -40,8 +41,8 @@ def fmt(score: dict[str, Any] | None, metric: str) -> str:
     return text
 
 
-def markdown(results: dict[str, Any], figures: list[str]) -> str:
-    lines = ["# Evaluation summary", "",
+def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = ()) -> str:
+    lines = ["# Evaluation summary", "", *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
              "Every score below was measured by the pipeline on the split named, on the examples the finetune "
              "stage evaluates (`finetune.max_eval_examples`). Finetune variants are mean ± std over seeds. "
              "The best epoch of every model was picked on a dev set carved out of train, never on these splits.", ""]

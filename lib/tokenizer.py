@@ -12,6 +12,7 @@ Whatever the algorithm, a trained folder holds
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -223,6 +224,14 @@ def load_tokenizer(tokenizer_dir: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
+def tokenizer_sha256(tokenizer_dir: str | Path) -> str:
+    """The SHA-256 of the tokenizer.json in `tokenizer_dir`: which vocabulary token files were made with."""
+    path = Path(tokenizer_dir) / TOKENIZER_FILE
+    if not path.is_file():
+        raise UserError(f"{path}: not found; train the tokenizer first")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def read_meta(tokenizer_dir: str | Path) -> dict:
     """tokenizer_meta.json of a trained tokenizer folder."""
     path = Path(tokenizer_dir) / META_FILE
@@ -230,6 +239,16 @@ def read_meta(tokenizer_dir: str | Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: not found; train the tokenizer first") from None
+
+
+def saved_special_ids(tokenizer_dir: str | Path) -> dict[str, int]:
+    """Role -> id of the special tokens a saved tokenizer (tokenizer_meta.json in `tokenizer_dir`, beside
+    every model the chain writes) was trained with: what a later stage encodes with, whatever
+    params.yaml's tokenizer section says now."""
+    try:
+        return {role: read_meta(tokenizer_dir)["special_tokens"][role]["id"] for role in ROLES}
+    except (KeyError, TypeError):
+        raise UserError(f"{Path(tokenizer_dir) / META_FILE}: no special token ids; train the tokenizer again") from None
 
 
 def special_ids(tokenizer: Tokenizer, specials: SpecialTokens) -> dict[str, int]:

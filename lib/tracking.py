@@ -16,10 +16,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from lib.config import TrackingConfig, flatten
 from lib.errors import describe
+from lib.io import project_root
 
 # No telemetry or network calls from a tool that must work offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -33,15 +34,6 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one ended opens a new parent
 MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway
 PARENT_ROLE, STAGE_ROLE = "pipeline", "stage"
-
-
-def project_root() -> Path:
-    """DVC_ROOT under DVC (the original project, also for queued experiments), else the nearest
-    folder holding dvc.yaml, else the working directory."""
-    if os.environ.get("DVC_ROOT"):
-        return Path(os.environ["DVC_ROOT"]).resolve()
-    here = Path.cwd().resolve()
-    return next((p for p in (here, *here.parents) if (p / "dvc.yaml").exists()), here)
 
 
 def tracking_uri() -> str:
@@ -138,19 +130,18 @@ class StageRun:
         """The pipeline's parent run (inactive when there is none), for what sums up the whole chain."""
         return StageRun(self.client if self.parent_id else None, self.parent_id)
 
-    def log_classifier(self, model_dir: str | Path, name: str) -> str | None:
-        """Log a classifier folder into this run as an MLflow pyfunc model (lib.predict.log_pyfunc);
-        returns its URI, or None when tracking is off or logging failed (warned once)."""
+    def log_model(self, log: Callable[[], str], name: str) -> str | None:
+        """Run `log` (e.g. lib.predict.log_pyfunc of a folder, which logs an MLflow model into the active
+        run) inside this run; returns its URI, or None when tracking is off or logging failed (warned once).
+        The caller passes the logging code, so a stage that logs no model never imports it."""
         if not self.active:
             return None
         import mlflow
 
-        from lib.predict import log_pyfunc
-
         try:
             mlflow.set_tracking_uri(tracking_uri())
             with mlflow.start_run(run_id=self.run_id):
-                return log_pyfunc(model_dir, name)
+                return log()
         except Exception as err:
             warn(f"MLflow could not log model {name} ({describe(err)}); the stage goes on without tracking")
             self.client = None

@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 from lib import distributed, tracking
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.io import atomic_dir, write_csv, write_json
 from lib.lm import CURVES, LMPaths, train_language_model
 from lib.objectives import build_objective, load_objective
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.tokenizer import load_tokenizer, saved_special_ids
 
 
 def main() -> None:
@@ -32,13 +32,11 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/adapt"))
     args = parser.parse_args()
     params = load_params(args.params)
-    stage_params = {"seed": params.seed, "device": params.device, "objective": params.objective,
-                    "model": params.model, "mlm": params.mlm, "electra": params.electra, "adapt": params.adapt,
-                    "impl": params.impl}
+    keyed_on = stage_params(params, "adapt")
 
     if params.adapt.enabled and distributed.relaunch(params.impl, "stages.adapt"):
         return
-    with tracking.stage_run("adapt", params.tracking, params, stage_params) as run:
+    with tracking.stage_run("adapt", params.tracking, params, keyed_on) as run:
         if not params.adapt.enabled:
             with atomic_dir(args.out) as tmp:
                 shutil.copytree(args.model, tmp, dirs_exist_ok=True)
@@ -49,12 +47,11 @@ def main() -> None:
             return
         torch.manual_seed(params.seed)
         tokenizer = load_tokenizer(args.model)
-        objective = build_objective(params.objective, params, tokenizer.get_vocab_size(),
-                                    special_ids(tokenizer, params.tokenizer.special_tokens))
+        objective = build_objective(params.objective, params, tokenizer.get_vocab_size(), saved_special_ids(args.model))
         if not load_objective(objective, args.model) and params.objective == "electra":
             print(f"warning: {args.model} has no ELECTRA generator; adapting with a fresh one", flush=True)
         paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
-        metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage_params,
+        metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, keyed_on,
                                        layer_groups=objective.backbone().layer_groups(), measure_before=True)
         if metrics:  # rank 0's
             print(f"domain validation loss {metrics['before_val_loss']:.4f} -> {metrics['val_loss']:.4f}", flush=True)

@@ -1,6 +1,7 @@
 """Stage `clean`: normalise, filter, deduplicate and decontaminate the LM corpora.
 
-Reads the `pretrain` and `domain` corpora named in params.yaml, writes
+Reads the `pretrain` and `domain` corpora named in params.yaml (their copies in --raw, which the
+`data` stage wrote), writes
 `<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
 """
 import argparse
@@ -8,33 +9,35 @@ from pathlib import Path
 
 from lib import tracking
 from lib.clean import DocumentCleaner, build_contamination_index
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.corpus import CORPORA, clean_corpus, eval_texts
 from lib.errors import run_main
 from lib.io import atomic_dir, write_csv, write_json
+from lib.raw import localize
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
     parser.add_argument("--out", type=Path, default=Path("data/clean"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/clean.json"))
     parser.add_argument("--plots", type=Path, default=Path("plots/clean"))
     args = parser.parse_args()
     params = load_params(args.params)
     cfg = params.clean
-    stage_params = {"seed": params.seed, "corpora": params.corpora, "tasks": params.tasks, "clean": cfg}
+    local = localize(params, args.raw)
 
-    with tracking.stage_run("clean", params.tracking, params, stage_params) as run:
+    with tracking.stage_run("clean", params.tracking, params, stage_params(params, "clean")) as run:
         contamination = None
         if cfg.decontaminate.enabled:
             # cleaned by the same rules, so an evaluation text matches its cleaned copy in a document
-            contamination = build_contamination_index(eval_texts(params.tasks), cfg)
+            contamination = build_contamination_index(eval_texts(local.tasks), cfg)
         metrics: dict = {}
         with atomic_dir(args.out) as out:
             for name in CORPORA:
                 cleaner = DocumentCleaner(cfg, contamination, params.seed)
-                metrics[name] = clean_corpus(getattr(params.corpora, name), f"corpora.{name}", cleaner, out / name)
+                metrics[name] = clean_corpus(getattr(local.corpora, name), f"corpora.{name}", cleaner, out / name)
                 print(f"clean: {name}: {metrics[name]['docs_in']} docs in, {metrics[name]['docs_out']} kept "
                       f"({metrics[name]['mb_per_s']} MB/s)", flush=True)
         if contamination is not None:

@@ -19,13 +19,14 @@ from pathlib import Path
 from lib import distributed, tracking
 from lib.checkpoint import fingerprint
 from lib.classifier import load_classifier, save_classifier
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.distill import DistillResult, distill_task
 from lib.errors import run_main
 from lib.io import atomic_dir, write_csv, write_json
+from lib.raw import localize
 from lib.model import MODEL_FILE
 from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.tokenizer import load_tokenizer, saved_special_ids
 from lib.trainer import resolve_device
 
 STUDENT, RESULT = "student", "result.json"
@@ -34,6 +35,7 @@ STUDENT, RESULT = "student", "result.json"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
     parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
     parser.add_argument("--out", type=Path, default=Path("models/distill"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/distill.json"))
@@ -43,21 +45,19 @@ def main() -> None:
     params = load_params(args.params)
     if distributed.relaunch(params.impl, "stages.distill"):
         return
-    cfg, ft = params.distill, params.finetune
-    tasks = {name: params.tasks[name] for name in cfg.tasks}
-    # the examples are finetune's: its selection params decide them
-    selection = {k: getattr(ft, k) for k in ("dev_fraction", "dev_max", "max_train_examples", "max_eval_examples")}
-    stage_params = {"seed": params.seed, "device": params.device, "distill": cfg, "tasks": tasks,
-                    "finetune": selection, "impl": params.impl}
+    cfg = params.distill
+    local = localize(params, args.raw).tasks
+    tasks = {name: local[name] for name in cfg.tasks}
+    keyed_on = stage_params(params, "distill")
     device = resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     metrics, results = {}, {}
-    with tracking.stage_run("distill", params.tracking, params, stage_params) as run:
+    with tracking.stage_run("distill", params.tracking, params, keyed_on) as run:
         for name, task_cfg in tasks.items():
             teacher_dir = args.teachers / name
             teacher, info = load_classifier(teacher_dir)
-            run_id = fingerprint(stage_params, task=name, device=device.type,
+            run_id = fingerprint(keyed_on, task=name, device=device.type,
                                  teacher=hashlib.sha256((teacher_dir / MODEL_FILE).read_bytes()).hexdigest())
             task_dir = args.checkpoints / name
             record = task_dir / RESULT
@@ -80,7 +80,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     """One task's student, trained now (under torchrun by every rank; rank 0 alone writes)."""
     cfg, ft = params.distill, params.finetune
     tokenizer = load_tokenizer(teacher_dir)
-    special = special_ids(tokenizer, params.tokenizer.special_tokens)
+    special = saved_special_ids(teacher_dir)
     rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
                      max_train=ft.train_limit(name), max_eval=ft.max_eval_examples)
     task = encode_task(rows, task_cfg, tokenizer, special)
@@ -141,9 +141,10 @@ def write_outputs(metrics: dict, results: dict[str, DistillResult], args, run) -
             shutil.copytree(args.checkpoints / name / STUDENT, tmp / name)
             load_classifier(tmp / name)  # what later stages load must load
     write_json(args.metrics, metrics)
-    for name, result in results.items():
-        columns = list(dict.fromkeys(k for row in result.history for k in row))
-        write_csv(args.plots / f"{name}.csv", columns, [[row.get(c, "") for c in columns] for row in result.history])
+    with atomic_dir(args.plots) as plots:  # whole: a task no longer distilled leaves no curve behind
+        for name, result in results.items():
+            columns = list(dict.fromkeys(k for row in result.history for k in row))
+            write_csv(plots / f"{name}.csv", columns, [[row.get(c, "") for c in columns] for row in result.history])
     run.log_metrics({f"{task}.{role}.{split}_{metric}": value for task, m in metrics.items()
                      for role in ("teacher", "student") for split in ("dev", "eval")
                      for metric, value in (m[role][split] or {}).items()})

@@ -15,6 +15,7 @@ student are logged as MLflow pyfunc models.
 """
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,23 +23,27 @@ import torch
 from lib import tracking
 from lib.baselines import tfidf_baseline, zero_shot
 from lib.classifier import META_FILE
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.efficiency import latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
 from lib.io import atomic_dir, write_csv, write_json
+from lib.raw import localize
 from lib.model import load_model
-from lib.predict import TextClassifier
+from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
 from lib.tasks import compute_metrics, confusion_matrix, read_task
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.tokenizer import load_tokenizer, saved_special_ids
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
     parser.add_argument("--lm", type=Path, default=Path("models/adapt"))
     parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
     parser.add_argument("--students", type=Path, default=Path("models/distill"))
+    parser.add_argument("--pretrain-metrics", type=Path, default=Path("metrics/pretrain.json"))
+    parser.add_argument("--adapt-metrics", type=Path, default=Path("metrics/adapt.json"))
     parser.add_argument("--finetune-metrics", type=Path, default=Path("metrics/finetune.json"))
     parser.add_argument("--distill-metrics", type=Path, default=Path("metrics/distill.json"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/evaluate.json"))
@@ -46,27 +51,26 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=Path("reports"))
     args = parser.parse_args()
     params = load_params(args.params)
-    cfg, ft = params.evaluate, params.finetune
-    stage_params = {"seed": params.seed, "device": params.device, "evaluate": cfg, "tasks": params.tasks,
-                    "finetune": {k: getattr(ft, k) for k in ("tasks", "dev_fraction", "dev_max", "max_train_examples",
-                                                             "max_eval_examples")}}
     finetuned = read_json(args.finetune_metrics)
     distilled = read_json(args.distill_metrics)
+    warnings = [f"**{stage} stopped early**: {metrics['stopped_early']}." for stage, metrics in
+                (("pretrain", read_json(args.pretrain_metrics)), ("adapt", read_json(args.adapt_metrics)))
+                if "stopped_early" in metrics]
     results = {}
-    with tracking.stage_run("evaluate", params.tracking, params, stage_params) as run:
+    with tracking.stage_run("evaluate", params.tracking, params, stage_params(params, "evaluate")) as run:
         lm = load_model(args.lm)
         lm_tokenizer = load_tokenizer(args.lm)
-        special = special_ids(lm_tokenizer, params.tokenizer.special_tokens)
-        for name, task_cfg in params.tasks.items():
+        special = saved_special_ids(args.lm)
+        for name, task_cfg in localize(params, args.raw).tasks.items():
             models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                           lm_tokenizer, special, params)
-        write_outputs(results, args, run)
+        write_outputs(results, warnings, args, run)
         for name in results:
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
-                    run.log_classifier(folder / name, f"{name}-{role}")
+                    run.log_model(partial(log_pyfunc, folder / name, f"{name}-{role}"), f"{name}-{role}")
 
 
 def read_json(path: Path) -> dict:
@@ -162,7 +166,7 @@ def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     return figures
 
 
-def write_outputs(results: dict, args, run) -> None:
+def write_outputs(results: dict, warnings: list[str], args, run) -> None:
     write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
@@ -181,7 +185,7 @@ def write_outputs(results: dict, args, run) -> None:
         write_csv(tmp / "scores.csv", ["model", "score"], scores)
         write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
     with atomic_dir(args.report) as tmp:
-        write_report(results, tmp)
+        write_report(results, tmp, warnings)
     parent = run.parent()
     for target in (run, parent):
         for path in (args.metrics, args.plots, args.report):

@@ -19,13 +19,14 @@ from pathlib import Path
 from lib import distributed, tracking
 from lib.classifier import load_classifier, save_classifier
 from lib.checkpoint import fingerprint
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.finetune import RunResult, run_variant
 from lib.io import atomic_dir, write_csv, write_json
+from lib.raw import localize
 from lib.model import MODEL_FILE, load_model
 from lib.tasks import load_task
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.tokenizer import load_tokenizer, saved_special_ids
 from lib.trainer import resolve_device
 
 BEST = "best"
@@ -34,6 +35,7 @@ BEST = "best"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
     parser.add_argument("--model", type=Path, default=Path("models/adapt"))
     parser.add_argument("--out", type=Path, default=Path("models/finetune"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/finetune.json"))
@@ -44,20 +46,21 @@ def main() -> None:
     if distributed.relaunch(params.impl, "stages.finetune"):
         return
     cfg = params.finetune
-    tasks = {name: params.tasks[name] for name in cfg.tasks}
-    stage_params = {"seed": params.seed, "device": params.device, "finetune": cfg, "tasks": tasks, "impl": params.impl}
+    local = localize(params, args.raw).tasks
+    tasks = {name: local[name] for name in cfg.tasks}
+    keyed_on = stage_params(params, "finetune")
 
     device = resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     tokenizer = load_tokenizer(args.model)
-    special = special_ids(tokenizer, params.tokenizer.special_tokens)
+    special = saved_special_ids(args.model)
     adapted = load_model(args.model)
     # a kept run is reused only by a stage with the same params, starting model and device
-    run_id = fingerprint(stage_params, device=device.type,
+    run_id = fingerprint(keyed_on, device=device.type,
                          model=hashlib.sha256((args.model / MODEL_FILE).read_bytes()).hexdigest())
     metrics, curves = {}, {}
-    with tracking.stage_run("finetune", params.tracking, params, stage_params) as run:
+    with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
         for name, task_cfg in tasks.items():
             task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
                              max_train=cfg.train_limit(name), max_eval=cfg.max_eval_examples)
@@ -151,16 +154,16 @@ def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: l
             shutil.copytree(args.checkpoints / name / BEST, tmp / name)
             load_classifier(tmp / name)  # what later stages load must load
     write_json(args.metrics, metrics)
-    for name, results in curves.items():
-        epochs = max(len(r.dev_curve) for r in results)
-        rows = []
-        for epoch in range(epochs):
-            row = [epoch + 1]
-            for variant in variants:
-                values = [r.dev_curve[epoch] for r in results if r.variant == variant and len(r.dev_curve) > epoch]
-                row.append(statistics.fmean(values) if values else "")
-            rows.append(row)
-        write_csv(args.plots / f"{name}.csv", ["epoch", *variants], rows)
+    with atomic_dir(args.plots) as plots:  # whole: a task no longer finetuned leaves no curve behind
+        for name, results in curves.items():
+            rows = []
+            for epoch in range(max(len(r.dev_curve) for r in results)):
+                row = [epoch + 1]
+                for variant in variants:
+                    values = [r.dev_curve[epoch] for r in results if r.variant == variant and len(r.dev_curve) > epoch]
+                    row.append(statistics.fmean(values) if values else "")
+                rows.append(row)
+            write_csv(plots / f"{name}.csv", ["epoch", *variants], rows)
     run.log_metrics({f"{task}.{variant}.{split}_{metric}": stats["mean"]
                      for task, m in metrics.items() for variant, v in m["variants"].items()
                      for split in ("dev", "eval") if split in v for metric, stats in v[split].items()})

@@ -11,17 +11,17 @@ from pathlib import Path
 import torch
 
 from lib import distributed, tracking
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.lm import LMPaths, train_language_model
 from lib.objectives import build_objective
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.tokenizer import load_tokenizer, saved_special_ids
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokens/tokenizer"))
     parser.add_argument("--tokens", type=Path, default=Path("data/tokens/pretrain"))
     parser.add_argument("--out", type=Path, default=Path("models/pretrain"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/pretrain.json"))
@@ -29,19 +29,16 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/pretrain"))
     args = parser.parse_args()
     params = load_params(args.params)
-    stage_params = {"seed": params.seed, "device": params.device, "objective": params.objective,
-                    "model": params.model, "mlm": params.mlm, "electra": params.electra, "pretrain": params.pretrain,
-                    "impl": params.impl}
+    keyed_on = stage_params(params, "pretrain")
 
     if distributed.relaunch(params.impl, "stages.pretrain"):
         return
     torch.manual_seed(params.seed)
     tokenizer = load_tokenizer(args.tokenizer)
-    objective = build_objective(params.objective, params, tokenizer.get_vocab_size(),
-                                special_ids(tokenizer, params.tokenizer.special_tokens))
+    objective = build_objective(params.objective, params, tokenizer.get_vocab_size(), saved_special_ids(args.tokenizer))
     paths = LMPaths(args.tokenizer, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
-    with tracking.stage_run("pretrain", params.tracking, params, stage_params) as run:
-        train_language_model("pretrain", params, params.pretrain, objective, paths, run, stage_params)
+    with tracking.stage_run("pretrain", params.tracking, params, keyed_on) as run:
+        train_language_model("pretrain", params, params.pretrain, objective, paths, run, keyed_on)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Stage `tokenizer`: train a tokenizer on cleaned pretraining text, encode the corpora to packed tokens.
 
-Writes `<out>/tokenizer.json` (+ `spm.model` for unigram) and, for each corpus and split,
-`<tokens>/<corpus>/<split>.{bin,idx,wstart,json}`; metrics JSON and a document-length plot CSV.
+Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram) and, for
+each corpus and split, `<corpus>/<split>.{bin,idx,wstart,json}`, replaced together, so token files
+never meet another vocabulary (each records the SHA-256 of the tokenizer.json that encoded it, and
+the training stages check it); a metrics JSON and a document-length plot CSV.
 """
 import argparse
 from pathlib import Path
@@ -9,49 +11,49 @@ from pathlib import Path
 import numpy as np
 
 from lib import tracking
-from lib.config import load_params
+from lib.config import load_params, stage_params
 from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
 from lib.io import atomic_dir, write_csv, write_json
 from lib.packed import PackedTokens, encode_to_packed
-from lib.tokenizer import train_tokenizer
+from lib.tokenizer import tokenizer_sha256, train_tokenizer
 
+TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--clean", type=Path, default=Path("data/clean"))
-    parser.add_argument("--out", type=Path, default=Path("data/tokenizer"))
-    parser.add_argument("--tokens", type=Path, default=Path("data/tokens"))
+    parser.add_argument("--out", type=Path, default=Path("data/tokens"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/tokenizer.json"))
     parser.add_argument("--plots", type=Path, default=Path("plots/tokenizer"))
     args = parser.parse_args()
     params = load_params(args.params)
     cfg = params.tokenizer
 
-    with tracking.stage_run("tokenizer", params.tracking, params, {"tokenizer": cfg}) as run:
-        tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, args.out)  # written atomically
-        vocab_size = tokenizer.get_vocab_size()
-        eos_id = tokenizer.token_to_id(cfg.special_tokens.eos)
-        metrics: dict = {"vocab_size": vocab_size, "algorithm": cfg.algorithm}
-        with atomic_dir(args.tokens) as tokens:
+    with tracking.stage_run("tokenizer", params.tracking, params, stage_params(params, "tokenizer")) as run:
+        with atomic_dir(args.out) as out:
+            tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER)
+            vocab_size, signature = tokenizer.get_vocab_size(), tokenizer_sha256(out / TOKENIZER)
+            eos_id = tokenizer.token_to_id(cfg.special_tokens.eos)
+            metrics: dict = {"vocab_size": vocab_size, "algorithm": cfg.algorithm}
             for corpus in CORPORA:
                 for split in (TRAIN, VALID):
-                    prefix = tokens / corpus / split
+                    prefix = out / corpus / split
                     prefix.parent.mkdir(parents=True, exist_ok=True)
                     stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
-                                             vocab_size, eos_id, cfg.batch_docs)
+                                             vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature)
                     metrics[f"{corpus}_{split}"] = summarize(stats)
                     print(f"tokenizer: {corpus}/{split}: {stats.tokens} tokens from {stats.docs} docs "
                           f"({metrics[f'{corpus}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)
-            lengths = {c: np.diff(PackedTokens(tokens / c / TRAIN).doc_offsets) for c in CORPORA}
+            lengths = {c: np.diff(PackedTokens(out / c / TRAIN).doc_offsets) for c in CORPORA}
         write_json(args.metrics, metrics)
         write_length_plot(args.plots / "doc_lengths.csv", lengths)
         run.log_metrics(metrics)
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
-        run.log_artifact(args.out, "tokenizer")
+        run.log_artifact(args.out / TOKENIZER, "tokenizer")
 
 
 def summarize(stats) -> dict:

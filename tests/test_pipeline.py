@@ -1,4 +1,5 @@
-"""End to end as a user runs it: `dvc repro` in a copy of the repo on tiny slices of the real data."""
+"""End to end as a user runs it: `dvc repro` in a copy of the repo on tiny slices of the real data, with
+the default `impl` settings (precision, compile, threads), the tiny copy standing in for the mirror."""
 import gzip
 import json
 import math
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -83,7 +85,6 @@ def tiny_params(repo: Path) -> None:
                               dev_fraction=0.2, dev_max=40, head_hidden=16)
     params["distill"].update(layers=1, epochs=2, batch_size=8, max_unlabeled=40)
     params["evaluate"].update(latency_seq_len=32, latency_repeats=5, throughput_batch=4)
-    params["impl"]["precision"] = "fp32"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -95,9 +96,8 @@ def run(repo: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    base = tmp_path_factory.mktemp("pipeline")
+def tiny_repo(base: Path) -> tuple[Path, str]:
+    """A committed copy of the project with tiny params, its mirror (base/shared/data) beside it."""
     repo = base / "repo"
     planted = make_tiny_data(base / "shared" / "data")
     copy_repo(repo)
@@ -108,7 +108,14 @@ def repo(tmp_path_factory):
     return repo, planted
 
 
-STAGES = ["clean", "tokenizer", "pretrain", "adapt", "finetune", "distill", "evaluate"]
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """The tiny project after one `dvc repro`: what every test here starts from, whichever run alone."""
+    repo, planted = tiny_repo(tmp_path_factory.mktemp("pipeline"))
+    return repo, planted, run(repo, "dvc", "repro")
+
+
+STAGES = ["data", "clean", "tokenizer", "pretrain", "adapt", "finetune", "distill", "evaluate"]
 
 
 def stage_runs(repo: Path) -> list:
@@ -118,9 +125,13 @@ def stage_runs(repo: Path) -> list:
 
 
 def test_repro_cleans_tokenizes_tracks_and_caches(repo):
-    repo, planted = repo
-    out = run(repo, "dvc", "repro")
+    repo, planted, out = repo
     assert all(f"Running stage '{stage}'" in out for stage in STAGES)
+
+    data = json.loads((repo / "metrics/data.json").read_text())
+    assert set(data) == {"wikipedia_en", "imdb", "sst2", "cola", "mrpc", "rte"}
+    assert data["imdb"]["used_by"] == ["corpora.domain", "tasks.imdb"] and data["imdb"]["origin"].startswith("mirror ")
+    assert data["imdb"]["rows"] == {"test": 60, "train": 150, "unsup": 150}
 
     clean = json.loads((repo / "metrics/clean.json").read_text())
     assert clean["pretrain"]["dropped"]["exact_dup"] >= 1
@@ -133,7 +144,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     tok = json.loads((repo / "metrics/tokenizer.json").read_text())
     assert tok["vocab_size"] <= 400 and tok["pretrain_train"]["tokens"] > 1000
     from tokenizers import Tokenizer
-    tokenizer = Tokenizer.from_file(str(repo / "data/tokenizer/tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(repo / "data/tokens/tokenizer/tokenizer.json"))
     assert tokenizer.token_to_id("[MASK]") == 4
     for corpus in ("pretrain", "domain"):
         for split in ("train", "valid"):
@@ -203,8 +214,8 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     students = [r for r in runs if r.data.tags["pipeline.role"] == "distill-run"]
     assert len(students) == 2 and {r.data.tags["mlflow.parentRunId"] for r in students} == {distill_run.info.run_id}
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
-    assert stages[0].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
-    assert stages[1].data.params["tokenizer.vocab_size"] == "400"
+    assert stages[1].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
+    assert stages[2].data.params["tokenizer.vocab_size"] == "400"
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     assert "reports" in {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert parents[0].data.metrics["imdb.student.accuracy"] == imdb["student"]["accuracy"]
@@ -212,14 +223,14 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     assert {m.name for m in models if m.source_run_id == evaluate_run.info.run_id} == {
         f"{task}-{role}" for task in ("imdb", "sst2") for role in ("teacher", "student")}
 
-    # nothing changed: nothing reruns, nothing new is tracked
+    # nothing changed: the data stage finds every source read already, nothing else runs, nothing is tracked
     out = run(repo, "dvc", "repro")
-    assert "Running stage" not in out
+    assert out.count("Running stage") == 1 and "Running stage 'data'" in out and "nothing to do" in out
     assert len(stage_runs(repo)) == 1 + len(STAGES) + 8 + 2
 
 
 def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
-    repo, _ = repo
+    repo, _, _ = repo
     out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-n", "electra")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     metrics = json.loads((repo / "metrics/pretrain.json").read_text())
@@ -229,13 +240,13 @@ def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
     assert adapt["objective"] == "electra" and "val_replaced_recall" in adapt and "before_val_disc_loss" in adapt
     runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
     assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == \
-        ["pretrain", "adapt", "finetune", "distill", "evaluate"]
+        ["pretrain", "adapt", "finetune", "distill", "evaluate"]  # the data stage had nothing to do: untracked
     evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
     assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):
-    repo, _ = repo
+    repo, _, _ = repo
     out = run(repo, "dvc", "exp", "run", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
     assert "Running stage 'tokenizer'" in out and "Running stage 'clean'" not in out
     assert "Running stage 'pretrain'" in out  # the tokenizer changed, so does everything after it
@@ -248,7 +259,7 @@ def test_param_change_reruns_only_what_depends_on_it(repo):
 
 
 def test_bad_params_fail_in_one_line(repo):
-    repo, _ = repo
+    repo, _, _ = repo
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["clean"]["min_char"] = 5
     bad = repo / "bad-params.yaml"
@@ -259,6 +270,57 @@ def test_bad_params_fail_in_one_line(repo):
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {bad}: clean.min_char: unknown key; did you mean 'clean.min_chars'?"
     assert not (repo / "data/x").exists()
+
+
+def test_a_stage_that_fails_or_is_killed_under_dvc_repro_leaves_its_last_outputs(repo):
+    """DVC deletes a stage's outputs before running it unless they persist. Ours persist and the
+    stage replaces them whole when it succeeds: a stage that stops on bad params, or is killed as soon
+    as DVC has started it, leaves the last good model, metrics and plots exactly as they were."""
+    repo, _, _ = repo
+    outputs = ["models/pretrain/model.safetensors", "models/pretrain/config.json", "metrics/pretrain.json",
+               "plots/pretrain/train.csv", "plots/pretrain/val.csv"]
+    before = {path: (repo / path).read_bytes() for path in outputs}
+    params_text = (repo / "params.yaml").read_text()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    try:
+        params = yaml.safe_load(params_text)
+        params["pretrain"]["batch_size"] = str(params["pretrain"]["batch_size"])
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        done = subprocess.run(["dvc", "repro", "-s", "pretrain"], cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode != 0 and "error: params.yaml: pretrain.batch_size: expected an integer" in done.stderr
+        assert {path: (repo / path).read_bytes() for path in outputs} == before
+        (repo / "params.yaml").write_text(params_text)
+        dvc = subprocess.Popen(["dvc", "repro", "-s", "-f", "pretrain"], cwd=repo, env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not any("stages.pretrain" in " ".join(c.cmdline()) for c in psutil.Process(dvc.pid).children(True)):
+            assert time.monotonic() < deadline and dvc.poll() is None, "DVC never started the stage"
+            time.sleep(0.01)
+        os.killpg(dvc.pid, signal.SIGKILL)  # DVC and the stage it runs
+        dvc.wait()
+        assert {path: (repo / path).read_bytes() for path in outputs} == before
+    finally:
+        (repo / "params.yaml").write_text(params_text)
+    run(repo, "dvc", "status")  # the killed run left no lock behind
+
+
+def test_a_time_limit_that_stops_a_run_says_so(repo, tmp_path):
+    """Token budgets decide a run; the wall-clock limit is a safety stop, and when it does stop one,
+    the metrics say in plain words how far it got, and so does the stage's log."""
+    repo, _, _ = repo
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tracking"]["enabled"] = False
+    params["pretrain"].update(budget_tokens=32 * 8 * 10_000, budget_minutes=0.002)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    done = subprocess.run([sys.executable, *stage_args("pretrain", tmp_path / "params.yaml", KILLS["pretrain"][0],
+                                                       tmp_path)], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["tokens_planned"] == 32 * 8 * 10_000 > metrics["tokens_seen"]
+    assert metrics["stopped_early"].startswith(f"pretrain.budget_minutes (0.002) stopped it after "
+                                               f"{metrics['tokens_seen']:,} of 2,560,000 planned tokens")
+    assert f"warning: pretrain: {metrics['stopped_early']}" in done.stdout
 
 
 def checkpoint_steps(directory: Path) -> list[int]:
@@ -286,7 +348,7 @@ def saved_epochs(directory: Path) -> int:
 # stage -> its inputs, the params it trains with here, its saved progress, and the progress points to
 # kill it after (all before its last save)
 KILLS = {
-    "pretrain": (["--tokenizer", "data/tokenizer", "--tokens", "data/tokens/pretrain"],
+    "pretrain": (["--tokenizer", "data/tokens/tokenizer", "--tokens", "data/tokens/pretrain"],
                  {"objective": "mlm", "pretrain": dict(budget_tokens=32 * 8 * 120, checkpoint_every=20, eval_every=40)},
                  lambda ckpt: max(checkpoint_steps(ckpt), default=0), (20, 40, 60, 80)),
     "adapt": (["--model", "models/pretrain", "--tokens", "data/tokens/domain"],
@@ -305,7 +367,7 @@ def test_a_stage_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path,
     two uninterrupted runs'. The point: right after a random one of the stage's saves (within the 20 ms
     the test polls at; a tiny stage trains dozens of steps in half a second, so waiting longer can
     land after its outputs); the seed is in the failure message."""
-    repo, _ = repo
+    repo, _, _ = repo
     inputs, changes, progress, points = KILLS[stage]
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
@@ -377,7 +439,7 @@ def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path):
     """Multi-node as torchrun does it: two launchers of one process each (on this machine, standing in
     for two nodes that share a file system) meet at a c10d rendezvous, the stage runs as their two
     ranks and reaches the one-process validation loss, and one rank writes the outputs."""
-    repo, _ = repo
+    repo, _, _ = repo
     inputs = KILLS["pretrain"][0]
     params = distributable_params(repo, "pretrain")
     params["tracking"]["enabled"] = False
@@ -409,7 +471,7 @@ def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
     of outputs, replicated (DDP) and sharded (FSDP2); pretraining (no dropout) reaches the one-process
     validation loss with the same global batch."""
-    repo, _ = repo
+    repo, _, _ = repo
     inputs = KILLS[stage][0]
     params = distributable_params(repo, stage)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

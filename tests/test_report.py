@@ -45,3 +45,11 @@ def test_write_report_writes_summary_and_figures(tmp_path):
     assert names == {"summary.md", "scores.png", "speed.png", "confusion_imdb.png"}
     assert all((tmp_path / n).stat().st_size > 0 for n in names)
     assert (tmp_path / "scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_warnings_open_the_summary():
+    """A stage a time limit stopped early is said before any table, in the words its metrics hold."""
+    warning = "**pretrain stopped early**: pretrain.budget_minutes (60) stopped it after 612,352 of 4,505,600 planned tokens."
+    lines = markdown(RESULTS, [], [warning]).splitlines()
+    assert lines[:4] == ["# Evaluation summary", "", f"> {warning}", ""]
+    assert not markdown(RESULTS, []).splitlines()[2].startswith(">")
