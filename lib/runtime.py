@@ -58,7 +58,7 @@ torch.set_num_threads(threads)
 a, b = torch.randn(size, size), torch.randn(size, size)
 kinds = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
 best = dict.fromkeys(kinds, 0.0)
-for kind, context in kinds.items():
+for context in kinds.values():
     with context():
         a @ b
 for _ in range(rounds):
@@ -180,13 +180,15 @@ def _run_probe(threads: int) -> Probe:
     seconds = time.perf_counter() - started
     if child.returncode < 0:
         return Probe("crash", None, None, _signal_name(-child.returncode), seconds)
+    if child.returncode > 0:
+        error = (child.stderr.strip().splitlines() or ["no message"])[-1][:200]
+        return Probe("crash", None, None, f"exit code {child.returncode}: {error}", seconds)
     last_line = (child.stdout.strip().splitlines() or [""])[-1]
     try:
         rates = json.loads(last_line)
         fp32, bf16 = float(rates["fp32_gflops"]), float(rates["bf16_gflops"])
     except (ValueError, KeyError, TypeError):
-        error = (child.stderr.strip().splitlines() or [last_line or "no output"])[-1][:200]
-        return Probe("crash", None, None, f"exit code {child.returncode}: {error}", seconds)
+        return Probe("crash", None, None, f"unreadable output: {last_line[:200]!r}", seconds)
     return Probe("faster" if bf16 >= FASTER_BY * fp32 else "slower", round(fp32, 1), round(bf16, 1), None,
                  seconds)
 

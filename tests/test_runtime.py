@@ -22,6 +22,7 @@ CRASH = COUNT + "import signal\nos.kill(os.getpid(), signal.SIGILL)\n"
 SLOWER = COUNT + "print('{\"fp32_gflops\": 239.0, \"bf16_gflops\": 163.0}')\n"
 FASTER = COUNT + "print('{\"fp32_gflops\": 240.0, \"bf16_gflops\": 480.0}')\n"
 FAILS = COUNT + "raise RuntimeError('no bf16 kernel')\n"
+GARBLED = COUNT + "print('bf16: fine')\n"
 
 
 @pytest.fixture
@@ -41,7 +42,8 @@ def fake_child(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("code, outcome, auto", [(CRASH, "crash", "fp32"), (SLOWER, "slower", "fp32"),
-                                                 (FASTER, "faster", "bf16"), (FAILS, "crash", "fp32")])
+                                                 (FASTER, "faster", "bf16"), (FAILS, "crash", "fp32"),
+                                                 (GARBLED, "crash", "fp32")])
 def test_auto_runs_bf16_on_cpu_only_where_the_probe_found_it_faster(fake_child, code, outcome, auto):
     fake_child(code)
     probe = runtime.cpu_bf16_probe()
@@ -50,6 +52,8 @@ def test_auto_runs_bf16_on_cpu_only_where_the_probe_found_it_faster(fake_child, 
         assert probe.failure == "SIGILL" and probe.fp32_gflops is None
     if code is FAILS:
         assert probe.failure == "exit code 1: RuntimeError: no bf16 kernel"
+    if code is GARBLED:
+        assert probe.failure == "unreadable output: 'bf16: fine'"
     if code is SLOWER:
         assert (probe.bf16_gflops, probe.fp32_gflops) == (163.0, 239.0)
     assert runtime.resolve_precision("auto", CPU) == auto
