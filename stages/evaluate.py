@@ -15,11 +15,12 @@ student are logged as MLflow pyfunc models.
 """
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from lib import tracking
+from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot
 from lib.classifier import META_FILE
 from lib.config import load_params
@@ -31,6 +32,7 @@ from lib.predict import TextClassifier
 from lib.report import write_report
 from lib.tasks import compute_metrics, confusion_matrix, read_task
 from lib.tokenizer import load_tokenizer, special_ids
+from lib.trainer import resolve_device
 
 
 def main() -> None:
@@ -47,6 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     cfg, ft = params.evaluate, params.finetune
+    # scored and timed at deployment precision (auto), whatever precision training ran in
+    runtime_facts = runtime.configure(replace(params.impl, precision="auto"), resolve_device(params.device))
     stage_params = {"seed": params.seed, "device": params.device, "evaluate": cfg, "tasks": params.tasks,
                     "finetune": {k: getattr(ft, k) for k in ("tasks", "dev_fraction", "dev_max", "max_train_examples",
                                                              "max_eval_examples")}}
@@ -54,6 +58,7 @@ def main() -> None:
     distilled = read_json(args.distill_metrics)
     results = {}
     with tracking.stage_run("evaluate", params.tracking, params, stage_params) as run:
+        run.log_params({"runtime": runtime_facts})
         lm = load_model(args.lm)
         lm_tokenizer = load_tokenizer(args.lm)
         special = special_ids(lm_tokenizer, params.tokenizer.special_tokens)
