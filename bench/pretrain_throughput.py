@@ -1,7 +1,7 @@
 """Pretraining throughput: our objectives against Hugging Face `transformers` at the same shapes.
 
     python bench/pretrain_throughput.py [--shape all|bert-base|gpt2-small|tiny] [--batch N]
-        [--precision bf16|fp32] [--no-compile] [--warmup N] [--steps N]
+        [--precision auto|bf16|fp32] [--no-compile] [--warmup N] [--steps N]
 
 For each shape it times a full train step (forward, backward, AdamW step, zero_grad) of
   1. ours: lib.objectives' MaskedLM (bert-base, tiny) or CausalLM (gpt2-small), eager;
@@ -9,8 +9,9 @@ For each shape it times a full train step (forward, backward, AdamW step, zero_g
   3. HF BertForMaskedLM / GPT2LMHeadModel with the same config (vocab, layers, width, heads, FFN,
      max positions, dropout 0.1, exact GELU, tied embeddings, attn_implementation="sdpa"), eager;
   4. the HF model under torch.compile.
-Every model trains on one fixed batch of random tokens (seed fixed) under bf16 autocast (or fp32),
-with AdamW over the trainer's parameter groups (fused on CUDA). After the warmup steps (which include
+Every model trains on one fixed batch of random tokens (seed fixed) under bf16 autocast or in fp32
+(--precision auto, the default, resolves as the stages do: bf16 on CUDA, on CPU only where lib.runtime's
+probe found bf16 matmuls faster), with AdamW over the trainer's parameter groups (fused on CUDA). After the warmup steps (which include
 compilation) the timed steps give tokens/s = batch x seq_len x steps / seconds; on CUDA the clock is
 read after torch.cuda.synchronize(). MFU = Transformer.flops_per_token x tokens/s / the GPU's dense
 bf16 peak, with our formula for every row since the architectures match.
@@ -37,7 +38,6 @@ What is fair and what is not:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import sys
 import time
@@ -52,7 +52,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from lib import runtime  # noqa: E402
 from lib.config import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
+from lib.errors import run_main  # noqa: E402
 from lib.model import Transformer, TransformerConfig, one_line  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
@@ -125,12 +127,11 @@ def build_hf(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
     return model, lambda forward: forward(input_ids=inputs, labels=labels).loss
 
 
-def time_steps(forward: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, precision: str,
+def time_steps(forward: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, precision: runtime.Precision,
                device: torch.device, warmup: int, steps: int) -> tuple[float, float]:
     """Seconds of the warmup steps and of the timed steps that follow."""
     def step() -> None:
-        amp = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-        with amp:
+        with runtime.autocast(device, precision):
             loss = loss_fn(forward)
         loss.backward()
         optimizer.step()
@@ -216,7 +217,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all",
                         help="all = bert-base and gpt2-small on CUDA, tiny on CPU")
     parser.add_argument("--batch", type=int, help="sequences per step (default: the shape's)")
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="bf16 = bf16 autocast")
+    parser.add_argument("--precision", choices=runtime.PRECISIONS, default="auto",
+                        help="bf16 = bf16 autocast; auto = bf16 on CUDA, on CPU where it is faster (lib/runtime.py)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="eager runs only")
     parser.add_argument("--warmup", type=int,
                         help="untimed steps first, compilation included (default 10 on CUDA, 3 on CPU)")
@@ -226,6 +228,7 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.type == "cuda"
+    args.precision = runtime.resolve_precision(args.precision, device, key="--precision")
     args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
     args.steps = args.steps or (30 if cuda else 5)
     if args.shape == "all":
@@ -247,4 +250,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -471,14 +471,18 @@ class EvaluateConfig:
 class ImplConfig:
     """How to run, apart from what to compute: results do not depend on these except precision."""
 
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast (CUDA and CPU), else fp32
+    # auto = bf16 autocast on CUDA, and on CPU where a probe found it faster than fp32 (lib/runtime.py)
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA only
     nproc: int = 1  # processes (one per GPU) the training stages run under torchrun
     strategy: Literal["ddp", "fsdp"] = "ddp"  # fsdp: the training stages shard their models over them (FSDP2)
+    threads: int = 0  # torch's CPU threads; 0 = auto: the usable cores, shared by DVC queue workers
 
     def validate(self, key: str) -> None:
         if self.nproc < 1:
             raise ParamsError(f"{key}.nproc: {self.nproc} must be >= 1")
+        if self.threads < 0:
+            raise ParamsError(f"{key}.threads: {self.threads} must be >= 0 (0 = as many as the usable cores)")
 
 
 @dataclass

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib import distributed
+from lib import distributed, runtime
 from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.classifier import Classifier
 from lib.config import DistillConfig, ImplConfig
@@ -47,7 +47,7 @@ from lib.finetune import predict_all, scored
 from lib.io import atomic_file
 from lib.model import Transformer
 from lib.tasks import UNLABELED, Example, TaskData, batch_indices, collate
-from lib.trainer import autocast, discriminative_groups, warmup_decay
+from lib.trainer import discriminative_groups, warmup_decay
 
 BEST_WEIGHTS = "best.safetensors"
 
@@ -162,10 +162,11 @@ def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers:
     summary states at `summary_layers` (layers 1-based), in one forward pass over them. Under
     torchrun each rank runs every world-th batch and every rank gets the whole."""
     teacher.eval()
+    precision = runtime.resolve_precision(impl.precision, device)
 
     def outputs(group: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         batch = collate([examples[i] for i in group], pad_id).to(device)
-        with autocast(device, impl):
+        with runtime.autocast(device, precision):
             final, states = teacher.encode(batch.input_ids, batch.segment_ids, batch.attention_mask,
                                            output_hidden_states=True)
             logits = teacher.head(teacher.features(final, batch.attention_mask)).float().cpu()
@@ -303,13 +304,14 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
     batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
     that DDP's mean over ranks is the whole batch's loss."""
     synced.train()
+    precision = runtime.resolve_precision(impl.precision, device)
     sums: dict[str, float] = {}
     for group in batch_indices(transfer, cfg.batch_size, seed):
         n = len(group)
         mine, scale = context.part(group)
         batch = collate([transfer[i] for i in mine], pad_id).to(device)
         mask = batch.attention_mask
-        with autocast(device, impl):
+        with runtime.autocast(device, precision):
             logits, hidden, summary = synced(batch.input_ids, batch.segment_ids, mask,
                                              [s for s, _ in hidden_pairs], [s for s, _ in summary_pairs])
         examples = distributed.part_weight(len(mine), n, scale)

@@ -4,10 +4,11 @@ twice the size may be a point better.
 Size is counted as parameters (a tied or shared tensor once, as it is stored) and as bytes of the
 weight files. Speed is measured on random token ids of exactly `seq_len` tokens with no padding, so
 the numbers depend on the model and the length alone, not on a dataset's length distribution; the
-forward is the one prediction runs (`lib.predict`): inference mode, bf16 autocast on CUDA and fp32 on
-CPU unless told otherwise. Latency is per call (batch 1 by default: one request); throughput is
-sequences per second over full batches. A measurement runs for at least `repeats` calls and at least
-MIN_MEASURED_S, so a tiny model that takes microseconds a call is not timed on timer noise.
+forward is the one prediction runs (`lib.predict`): inference mode, in the precision lib.runtime
+resolves (auto: bf16 on CUDA, and on a CPU only where bf16 proved faster). Latency is per call
+(batch 1 by default: one request); throughput is sequences per second over full batches. A
+measurement runs for at least `repeats` calls and at least MIN_MEASURED_S, so a tiny model that
+takes microseconds a call is not timed on timer noise.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lib import runtime
 from lib.classifier import Classifier
-from lib.predict import inference_autocast
 
 MIN_MEASURED_S = 0.2
 MAX_CALLS = 100_000  # a bound on the calls of one measurement, whatever MIN_MEASURED_S asks for
@@ -41,25 +42,25 @@ def size_on_disk(folder: str | Path) -> int:
 
 
 def latency(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 1, warmup: int = 5,
-            repeats: int = 50, threads: int | None = None, bf16: bool | None = None) -> dict[str, float]:
+            repeats: int = 50, threads: int | None = None, precision: str = "auto") -> dict[str, float]:
     """{"p50_ms", "p95_ms", "mean_ms"}: milliseconds per forward of `batch_size` sequences of `seq_len`
-    tokens. `threads` sets torch's CPU threads for the measurement; `bf16` None = autocast on CUDA only.
+    tokens. `threads` sets torch's CPU threads for the measurement; `precision` is auto, bf16 or fp32.
     The model is moved to `device` (in place, as nn.Module.to does) and left in its training mode."""
-    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, bf16)
+    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision)
     ms = np.array(times) * 1000
     return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
             "mean_ms": float(ms.mean())}
 
 
 def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
-               warmup: int = 2, repeats: int = 10, threads: int | None = None, bf16: bool | None = None) -> float:
+               warmup: int = 2, repeats: int = 10, threads: int | None = None, precision: str = "auto") -> float:
     """Sequences of `seq_len` tokens classified per second, in batches of `batch_size` (as latency)."""
-    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, bf16)
+    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision)
     return batch_size * len(times) / sum(times)
 
 
 def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
-                 threads: int | None, bf16: bool | None) -> list[float]:
+                 threads: int | None, precision: str) -> list[float]:
     """Seconds of each timed forward: at least `repeats` of them and MIN_MEASURED_S in all."""
     if seq_len < 1 or batch_size < 1 or repeats < 1:
         raise ValueError(f"seq_len ({seq_len}), batch_size ({batch_size}) and repeats ({repeats}) must be >= 1")
@@ -68,6 +69,8 @@ def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_si
     segment_ids = torch.zeros_like(input_ids)
     # an all-true mask, as lib.predict passes one: the same attention path as a real prediction
     attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    # resolved at the stage's thread count, the one the probe's cached answer is for
+    resolved = runtime.resolve_precision(precision, device, key="precision")
     was_training, previous_threads = model.training, torch.get_num_threads()
     model.to(device).eval()
     if threads is not None:
@@ -75,7 +78,7 @@ def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_si
     try:
         times: list[float] = []
         measured = 0.0
-        with torch.inference_mode(), inference_autocast(device, bf16):
+        with torch.inference_mode(), runtime.autocast(device, resolved):
             for call in range(warmup + MAX_CALLS):
                 _sync(device)  # nothing queued before the clock starts
                 start = time.perf_counter()

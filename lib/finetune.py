@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
-from lib import distributed
+from lib import distributed, runtime
 from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
 from lib.model import Transformer
 from lib.tasks import Example, TaskData, batch_indices, collate, compute_metrics, confusion_matrix
-from lib.trainer import autocast, discriminative_groups, slanted_triangular, warmup_decay
+from lib.trainer import discriminative_groups, slanted_triangular, warmup_decay
 
 
 @dataclass
@@ -149,6 +149,7 @@ class FullTrainer:
                  device: torch.device, pad_id: int, seed: int, context: Context = Context()):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
+        self.precision = runtime.resolve_precision(impl.precision, device)
         self.context = context
         # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later (FSDP
         # reads requires_grad at every forward)
@@ -184,7 +185,7 @@ class FullTrainer:
             # that DDP's mean over the ranks is the whole batch's loss
             mine, scale = self.context.part(group)
             batch = collate([train[i] for i in mine], self.pad_id).to(self.device)
-            with autocast(self.device, self.impl):
+            with runtime.autocast(self.device, self.precision):
                 logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
                 examples = distributed.part_weight(len(mine), len(group), scale)
                 loss = F.cross_entropy(logits.float(), batch.labels) * examples
@@ -246,9 +247,11 @@ class ProbeTrainer:
     def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of `examples` in `batches` order; under torchrun each rank encodes every
         world-th batch."""
+        precision = runtime.resolve_precision(impl.precision, self.device)
+
         def encode(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
             batch = collate([examples[i] for i in group], pad_id).to(self.device)
-            with autocast(self.device, impl):
+            with runtime.autocast(self.device, precision):
                 hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
             return self.model.features(hidden.float(), batch.attention_mask).cpu(), batch.labels.cpu()  # CPU: ranks swap them
 
@@ -312,11 +315,12 @@ def predict_all(model: Classifier, examples: list[Example], batch_size: int, pad
     Under torchrun each rank predicts every world-th batch, in step with the others (a sharded model's
     forward is a collective), and every rank gets all of them."""
     model.eval()
+    precision = runtime.resolve_precision(impl.precision, device)
 
     @torch.no_grad()
     def predict(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = collate([examples[i] for i in group], pad_id).to(device)
-        with autocast(device, impl):
+        with runtime.autocast(device, precision):
             logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
         return logits.argmax(-1).cpu(), batch.labels.cpu()
 

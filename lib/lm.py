@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lib import distributed
+from lib import distributed, runtime
 from lib.checkpoint import fingerprint
 from lib.config import Params, TrainConfig
 from lib.data import WindowBatches, fixed_windows
@@ -50,6 +50,8 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     device = resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
+    facts = runtime.configure(params.impl, device)
+    run.log_params({"runtime": facts})
     train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
     window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
     train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
@@ -81,6 +83,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
                "tokens_seen": state.tokens, "steps": state.step, "train_seconds": round(state.seconds, 1),
                "tokens_per_s": round(state.tokens / max(state.seconds, 1e-9), 1),
                "params": objective.backbone().num_params(), "device": device.type,
+               "precision": trainer.precision, "threads": facts["threads"],
                "tokens_planned": trainer.total_steps * trainer.step_tokens}
     if state.step < trainer.total_steps:  # the wall-clock safety stop ended it: say so wherever results are read
         metrics["stopped_early"] = (f"{stage}.budget_minutes ({cfg.budget_minutes:g}) stopped it after "

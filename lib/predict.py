@@ -19,7 +19,6 @@ references to this module by name, which the logged copy of `lib` (code_paths) r
 """
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from importlib import metadata
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from lib import runtime
 from lib.classifier import META_FILE, Classifier, load_classifier
 from lib.errors import UserError
 from lib.tasks import Example, collate, encode
@@ -59,32 +59,26 @@ class Encoding:
         return [self.text_field] if self.text_pair_field is None else [self.text_field, self.text_pair_field]
 
 
-def inference_autocast(device: torch.device, bf16: bool | None = None) -> contextlib.AbstractContextManager:
-    """bf16 autocast where `bf16`, by default on CUDA only: on CPU, fp32 is what a deployment runs
-    (bf16 matmuls are slow on CPUs without AMX)."""
-    if bf16 if bf16 is not None else device.type == "cuda":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 class TextClassifier:
     """A saved classifier that takes raw strings: `predict` gives label names, `predict_proba` class
     probabilities (columns in the order of `label_names`)."""
 
     def __init__(self, model: Classifier, tokenizer: Tokenizer, label_names: list[str], encoding: Encoding,
-                 special: dict[str, int], device: torch.device):
+                 special: dict[str, int], device: torch.device, precision: runtime.Precision = "fp32"):
         self.model, self.tokenizer, self.label_names = model, tokenizer, label_names
-        self.encoding, self.special, self.device = encoding, special, device
+        self.encoding, self.special, self.device, self.precision = encoding, special, device, precision
 
     @classmethod
-    def load(cls, model_dir: str | Path, device: str = "auto") -> TextClassifier:
+    def load(cls, model_dir: str | Path, device: str = "auto", precision: str = "auto") -> TextClassifier:
         """The classifier in `model_dir` (written by the finetune stage) on `device`: auto, cpu or cuda
-        (auto: cuda when a GPU is visible)."""
+        (auto: cuda when a GPU is visible), predicting in `precision`: auto, bf16 or fp32 (auto: bf16
+        on CUDA, and on a CPU where bf16 matmuls proved faster than fp32; see lib/runtime.py)."""
         model_dir = Path(model_dir)
         if not (model_dir / META_FILE).is_file():
             raise UserError(f"{model_dir}: not a classifier folder (no {META_FILE}); point at a folder written "
                             "by the finetune stage, e.g. models/finetune/<task>")
         torch_device = resolve_device(device)
+        resolved = runtime.resolve_precision(precision, torch_device, key="precision")
         model, info = load_classifier(model_dir, torch_device)
         try:
             encoding = Encoding(**info["encoding"])
@@ -103,7 +97,7 @@ class TextClassifier:
             raise UserError(f"{model_dir}: cannot read the tokenizer ({TOKENIZER_FILE}, {TOKENIZER_META_FILE}: "
                             f"{type(err).__name__}: {err}); copy them from the tokenizer the classifier was "
                             "trained with") from None
-        return cls(model, tokenizer, label_names, encoding, special, torch_device)
+        return cls(model, tokenizer, label_names, encoding, special, torch_device, resolved)
 
     @property
     def pairs(self) -> bool:
@@ -125,7 +119,7 @@ class TextClassifier:
                                   self.special["eos"])
         probabilities = np.zeros((len(ids), len(self.label_names)), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: equal lengths share a batch
-        with torch.inference_mode(), inference_autocast(self.device):
+        with torch.inference_mode(), runtime.autocast(self.device, self.precision):
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
                 # collate wants a label per example; predictions have none, and it is never read
@@ -204,7 +198,8 @@ def log_pyfunc(model_dir: str | Path, name: str) -> str:
         raise UserError("log_pyfunc logs into the active MLflow run and there is none; "
                         "call it inside `with mlflow.start_run():`")
     model_dir = Path(model_dir).resolve()
-    classifier = TextClassifier.load(model_dir, device="cpu")  # checks the folder before anything is logged
+    # checks the folder before anything is logged (fp32: nothing is predicted, no need to probe bf16)
+    classifier = TextClassifier.load(model_dir, device="cpu", precision="fp32")
     example = {classifier.encoding.text_field: ["A short text to classify."]}
     if classifier.pairs:
         example[classifier.encoding.text_pair_field] = ["A second text."]

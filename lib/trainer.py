@@ -8,7 +8,6 @@ the same loss curve step for step as a run that was never interrupted.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import defaultdict
@@ -19,7 +18,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from lib import distributed
+from lib import distributed, runtime
 from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches
@@ -40,12 +39,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("device: cuda, but no CUDA GPU is visible to torch; set device: auto or cpu")
     return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
-
-
-def autocast(device: torch.device, impl: ImplConfig) -> contextlib.AbstractContextManager:
-    if impl.precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def param_groups(module: nn.Module, cfg: TrainConfig,
@@ -128,6 +121,7 @@ class Trainer:
         only rank 0 should get callbacks; checkpoints are written by rank 0. With impl.strategy fsdp
         `module` is sharded in place."""
         self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
+        self.precision = runtime.resolve_precision(impl.precision, device)  # what every forward runs in
         self.context = context
         self.train, self.valid, self.seed = train, valid, seed
         self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
@@ -188,7 +182,7 @@ class Trainer:
         for micro in range(self.cfg.grad_accum):
             tokens, word_starts = (t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro))
             with distributed.no_sync(self.synced, skip=micro < self.cfg.grad_accum - 1):  # sync on the last
-                with autocast(self.device, self.impl):
+                with runtime.autocast(self.device, self.precision):
                     loss, metrics = self.forward(tokens, word_starts)
                 (loss / self.cfg.grad_accum).backward()
             for k, v in metrics.items():
@@ -244,7 +238,7 @@ class Trainer:
                 counted = i < len(self.valid)
                 tokens, word_starts = self.valid[i if counted else 0]
                 torch.manual_seed(self.seed + i)
-                with autocast(self.device, self.impl):
+                with runtime.autocast(self.device, self.precision):
                     _, metrics = self.module(tokens.to(self.device), word_starts.to(self.device))
                 if counted:
                     for k, v in metrics.items():

@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from lib import distributed, tracking
+from lib import distributed, runtime, tracking
 from lib.checkpoint import fingerprint
 from lib.classifier import load_classifier, save_classifier
 from lib.config import load_params, stage_params
@@ -52,8 +52,10 @@ def main() -> None:
     device = resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
+    runtime_facts = runtime.configure(params.impl, device)
     metrics, results = {}, {}
     with tracking.stage_run("distill", params.tracking, params, keyed_on) as run:
+        run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
             teacher_dir = args.teachers / name
             teacher, info = load_classifier(teacher_dir)

@@ -16,11 +16,12 @@ student are logged as MLflow pyfunc models.
 import argparse
 import json
 from functools import partial
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from lib import tracking
+from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot
 from lib.classifier import META_FILE
 from lib.config import load_params, stage_params
@@ -33,6 +34,7 @@ from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
 from lib.tasks import compute_metrics, confusion_matrix, read_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.trainer import resolve_device
 
 
 def main() -> None:
@@ -51,6 +53,8 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=Path("reports"))
     args = parser.parse_args()
     params = load_params(args.params)
+    # scored and timed at deployment precision (auto), whatever precision training ran in
+    runtime_facts = runtime.configure(replace(params.impl, precision="auto"), resolve_device(params.device))
     finetuned = read_json(args.finetune_metrics)
     distilled = read_json(args.distill_metrics)
     warnings = [f"**{stage} stopped early**: {metrics['stopped_early']}." for stage, metrics in
@@ -58,6 +62,7 @@ def main() -> None:
                 if "stopped_early" in metrics]
     results = {}
     with tracking.stage_run("evaluate", params.tracking, params, stage_params(params, "evaluate")) as run:
+        run.log_params({"runtime": runtime_facts})
         lm = load_model(args.lm)
         lm_tokenizer = load_tokenizer(args.lm)
         special = saved_special_ids(args.lm)

@@ -16,7 +16,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from lib import distributed, tracking
+from lib import distributed, runtime, tracking
 from lib.classifier import load_classifier, save_classifier
 from lib.checkpoint import fingerprint
 from lib.config import load_params, stage_params
@@ -53,6 +53,7 @@ def main() -> None:
     device = resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
+    runtime_facts = runtime.configure(params.impl, device)
     tokenizer = load_tokenizer(args.model)
     special = saved_special_ids(args.model)
     adapted = load_model(args.model)
@@ -61,6 +62,7 @@ def main() -> None:
                          model=hashlib.sha256((args.model / MODEL_FILE).read_bytes()).hexdigest())
     metrics, curves = {}, {}
     with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
+        run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
             task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
                              max_train=cfg.train_limit(name), max_eval=cfg.max_eval_examples)

@@ -155,6 +155,7 @@ def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value
     ("evaluate", "tfidf_c", [], "evaluate.tfidf_c: [] must be a non-empty list of positive numbers"),
     ("mlm", "sentence", "sop", "mlm.sentence: sop needs objective: mlm and model.segment_vocab >= 2 (they are clm"),
     ("mlm", "sentence", "nsp2", "mlm.sentence: 'nsp2' is not one of none, sop, nsp; did you mean 'nsp'?"),
+    ("impl", "threads", -1, "impl.threads: -1 must be >= 0"),
 ])
 def test_distill_and_evaluate_params(chdir_root, tmp_path, default_params, section, key, value, message):
     default_params[section][key] = value

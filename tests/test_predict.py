@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from lib import runtime
 from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import SpecialTokens, TokenizerConfig
 from lib.errors import UserError
@@ -62,7 +63,7 @@ def forward_labels(model_dir: Path, texts: list[str], pairs: list[str] | None) -
 
 
 def test_predictions_equal_the_classifier_forward_in_input_order(folders):
-    clf = TextClassifier.load(folders["single"], device="cpu")
+    clf = TextClassifier.load(folders["single"], device="cpu", precision="fp32")  # as forward_labels computes
     expected, probabilities = forward_labels(folders["single"], TEXTS, None)
     assert len(set(expected)) > 1  # else order and argmax would go untested
     assert clf.predict(TEXTS, batch_size=3) == expected  # batches sorted by length, then put back in order
@@ -78,6 +79,17 @@ def test_pair_classifier_reads_text_pairs(folders):
     seconds = list(reversed(TEXTS))
     expected, _ = forward_labels(folders["pair"], TEXTS, seconds)
     assert clf.pairs and clf.predict(TEXTS, seconds, batch_size=2) == expected
+
+
+@pytest.mark.parametrize("outcome, auto", [("crash", "fp32"), ("slower", "fp32"), ("faster", "bf16")])
+def test_cpu_precision_follows_the_bf16_probe(folders, monkeypatch, outcome, auto):
+    probe = runtime.Probe(outcome, *((None, None, "SIGILL") if outcome == "crash" else (200.0, 100.0, None)), 1.0)
+    monkeypatch.setattr(runtime, "cpu_bf16_probe", lambda: probe)
+    assert TextClassifier.load(folders["single"], device="cpu").precision == auto
+    assert TextClassifier.load(folders["single"], device="cpu", precision="fp32").precision == "fp32"
+    if outcome == "crash":
+        with pytest.raises(UserError, match="^precision: bf16 crashes on this CPU .*; set precision: auto or fp32"):
+            TextClassifier.load(folders["single"], device="cpu", precision="bf16")
 
 
 @pytest.mark.parametrize("folder, call, message", [
