@@ -144,21 +144,21 @@ def localize(params: Params, raw_dir: Path) -> Params:
 
 def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     """Read every source of `params` into out/<name>/ (skipping those already there with the same
-    identity) and remove the names no source uses any more; returns per name what was done."""
+    identity) and remove the names no source uses any more; returns per name what was done. Every
+    source is checked before any is read, so one that cannot be read leaves `out` as it was."""
     out.mkdir(parents=True, exist_ok=True)
     mirror = None if params.data.mirror is None else _from_root(params.data.mirror)
-    report = {}
     named = uses(params)
-    for name, use in named.items():
+    plans = {name: (use, identity_of(use), origin_of(use, name, mirror)) for name, use in named.items()}
+    report = {}
+    for name, (use, identity, origin) in plans.items():
         started = time.perf_counter()
-        identity = identity_of(use)
         kept = _read_identity(out / name)
         if kept is not None and kept["identity"] == identity:
-            origin = "kept: read earlier with the same identity"
-            splits = kept["rows"]
+            origin, splits = "kept: read earlier with the same identity", kept["rows"]
         else:
             with atomic_dir(out / name) as tmp:
-                origin, splits = fetch(use, name, mirror, tmp)
+                splits = fetch(use, origin, tmp)
                 (tmp / IDENTITY_FILE).write_text(json.dumps({"identity": identity, "rows": splits}, indent=2,
                                                             sort_keys=True) + "\n", encoding="utf-8")
         report[name] = {"source": use.source, "used_by": use.keys, "origin": origin, "rows": splits,
@@ -195,18 +195,42 @@ def _read_identity(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def fetch(use: Use, name: str, mirror: Path | None, out: Path) -> tuple[str, dict[str, int]]:
-    """Write the rows of `use.source` into `out`; returns (where they came from, rows per split)."""
-    key = f"{use.keys[0]}.source"
+def origin_of(use: Use, name: str, mirror: Path | None) -> str:
+    """Where the rows of `use.source` are to come from: "local <path>", "mirror <folder>" or "hub <id>".
+    A hub id with no copy in the mirror while the hub is offline is a UserError naming the dataset,
+    the mirror folder and how to fill it."""
     if not use.source.startswith(HUB_PREFIX):
-        return f"local {use.source}", copy_local(use, out)
-    layout = layout_of(use.source, key)
+        return f"local {use.source}"
     copy = None if mirror is None else mirror / name
     if copy is not None and copy.is_dir():
-        rows = {split: (layout.row(r) if layout else r for r in read_records(str(copy), split, key, use.max_rows))
-                for split in sorted(local_files(str(copy), key))}
-        return f"mirror {copy}", write_splits(rows, out)
-    return f"hub {use.source}", write_splits(hub_rows(use, layout, key, copy), out)
+        return f"mirror {copy}"
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARIABLES)
+    if offline and not Path(parse_hub(use.source, f"{use.keys[0]}.source").repo).is_dir():
+        raise UserError(f"{use.keys[0]}.source: '{use.source}' has no copy in the mirror and the hub is offline "
+                        f"({'/'.join(OFFLINE_VARIABLES)} is set); {_fill(copy)}, or connect and run again")
+    return f"hub {use.source}"
+
+
+def _fill(copy: Path | None) -> str:
+    """How to give the data stage a hub dataset without the hub."""
+    if copy is None:
+        return "set data.mirror to a folder with a copy"
+    missing = "" if copy.parent.is_dir() else f"data.mirror {copy.parent} does not exist: "
+    return f"{missing}put a copy in {copy} (one <split>.jsonl.gz per split)"
+
+
+def fetch(use: Use, origin: str, out: Path) -> dict[str, int]:
+    """Write the rows of `use.source` into `out` from `origin` (origin_of's); returns rows per split."""
+    key = f"{use.keys[0]}.source"
+    kind, _, where = origin.partition(" ")
+    if kind == "local":
+        return copy_local(use, out)
+    layout = layout_of(use.source, key)
+    if kind == "mirror":
+        rows = {split: (layout.row(r) if layout else r for r in read_records(where, split, key, use.max_rows))
+                for split in sorted(local_files(where, key))}
+        return write_splits(rows, out)
+    return write_splits(hub_rows(use, layout, key), out)
 
 
 def copy_local(use: Use, out: Path) -> dict[str, int]:
@@ -219,21 +243,16 @@ def copy_local(use: Use, out: Path) -> dict[str, int]:
     return {split: sum(1 for _ in read_records(str(out), split, key)) for split in local_files(str(out), key)}
 
 
-def hub_rows(use: Use, layout: Layout | None, key: str, copy: Path | None) -> dict[str, Iterator[dict]]:
+def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[dict]]:
     """Our split -> the hub's rows for it, read lazily (streaming, at most use.max_rows per hub split)."""
     import datasets
 
     hub = parse_hub(use.source, key)
-    where = f"put a copy in {copy} (one <split>.jsonl.gz per split)" if copy else "set data.mirror to a folder with a copy"
-    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARIABLES)
-    if offline and not Path(hub.repo).is_dir():
-        raise UserError(f"{key}: '{use.source}' has no copy in the mirror and the hub is offline "
-                        f"({'/'.join(OFFLINE_VARIABLES)} is set); {where}, or connect and run again")
     try:
         hub_splits = datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision)
     except Exception as err:  # network, unknown dataset, gated, bad revision: one line
         raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
-                        f"revision, or {where}") from None
+                        f"revision, or {_fill(None)}") from None
     parts = {split: read_records(use.source, split, key, use.max_rows) for split in hub_splits}
     if layout is None:
         return parts

@@ -7,18 +7,20 @@ import yaml
 from tests.helpers import ROOT
 
 
-@pytest.fixture(autouse=True)
-def offline_caches(tmp_path_factory, monkeypatch):
-    """Keep `datasets` and MLflow off the network and out of the user's home and the repo (and the bf16
-    probe's cache: one per test session)."""
-    cache = tmp_path_factory.getbasetemp() / "hf-cache"
-    monkeypatch.setenv("HF_HOME", str(cache))
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFER_PIPELINE_CACHE", str(tmp_path_factory.getbasetemp() / "runtime-cache"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("DVC_ROOT", raising=False)
-    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+@pytest.fixture(scope="session", autouse=True)
+def offline_caches(tmp_path_factory):
+    """Keep `datasets` and MLflow off the network and out of the user's home and the repo, and the bf16
+    probe's cache to one per test session. Session-wide, so module fixtures that run the pipeline
+    (set up before any function fixture) and the processes they start see it too."""
+    base = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HOME", str(base / "hf-cache"))
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("TRANSFER_PIPELINE_CACHE", str(base / "runtime-cache"))
+        for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME"):
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture

@@ -17,28 +17,36 @@ import yaml
 from tests.helpers import write_jsonl_gz
 from tests.test_pipeline import copy_repo, make_tiny_data, tiny_params
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def stage(repo: Path, name: str, params: Path, out: Path) -> subprocess.CompletedProcess:
-    """Run stage `name` with its inputs from the project and every output under `out`."""
-    inputs = {"tokenizer": ["--clean", "data/clean"],
-              "pretrain": ["--tokenizer", "data/tokenizer", "--tokens", "data/tokens/pretrain"],
+def env() -> dict[str, str]:
+    """The environment of the stage processes, read when they start (the test session sets caches)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def stage(repo: Path, name: str, params: Path, out: Path, raw: Path) -> subprocess.CompletedProcess:
+    """Run stage `name` with its inputs from the project (the sources' copies from `raw`) and every
+    output under `out`."""
+    inputs = {"clean": ["--raw", str(raw)],
+              "tokenizer": ["--clean", "data/clean"],
+              "pretrain": ["--tokenizer", "data/tokens/tokenizer", "--tokens", "data/tokens/pretrain"],
               "adapt": ["--model", "models/pretrain", "--tokens", "data/tokens/domain"],
-              "finetune": ["--model", "models/adapt"],
-              "evaluate": ["--lm", "models/adapt", "--finetune-metrics", str(out / "missing.json")]}.get(name, [])
-    outputs = {"clean": ["--out", "clean", "--metrics", "m.json", "--plots", "plots"],
-               "tokenizer": ["--out", "tok", "--tokens", "tokens", "--metrics", "m.json", "--plots", "plots"],
+              "finetune": ["--raw", str(raw), "--model", "models/adapt"],
+              "evaluate": ["--raw", str(raw), "--lm", "models/adapt",
+                           "--finetune-metrics", str(out / "missing.json")]}.get(name, [])
+    outputs = {"data": ["--out", "raw", "--metrics", "m.json"],
+               "clean": ["--out", "clean", "--metrics", "m.json", "--plots", "plots"],
+               "tokenizer": ["--out", "tokens", "--metrics", "m.json", "--plots", "plots"],
                "evaluate": ["--metrics", "m.json", "--plots", "plots", "--report", "report"]}.get(
         name, ["--out", "model", "--metrics", "m.json", "--plots", "plots", "--checkpoints", "ckpt"])
     outputs = [arg if arg.startswith("--") else str(out / arg) for arg in outputs]
     return subprocess.run([sys.executable, "-m", f"stages.{name}", "--params", str(params), *inputs, *outputs],
-                          cwd=repo, env=ENV, capture_output=True, text=True, timeout=600)
+                          cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    """A tiny project with clean, tokenizer, pretrain and adapt done (tracking off)."""
+    """A tiny project with data, clean, tokenizer, pretrain and adapt done (tracking off)."""
     base = tmp_path_factory.mktemp("bad_input")
     repo = base / "repo"
     make_tiny_data(base / "shared" / "data")
@@ -49,8 +57,8 @@ def project(tmp_path_factory):
     params["finetune"].update(tasks=["sst2"], variants=["plain"], epochs=1, max_train_examples=None)
     params["distill"].update(tasks=["sst2"], unlabeled={})
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for name in ("clean", "tokenizer", "pretrain", "adapt"):
-        done = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=repo, env=ENV, capture_output=True,
+    for name in ("data", "clean", "tokenizer", "pretrain", "adapt"):
+        done = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=repo, env=env(), capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
     return repo
@@ -108,7 +116,7 @@ class Case:
 
 
 CASES = [
-    Case("empty corpus file", "clean", "train.jsonl.gz' is empty; remove it or fill it", data=empty_file),
+    Case("empty corpus file", "data", "train.jsonl.gz' is empty; remove it or fill it", data=empty_file),
     Case("every document filtered out", "clean", "corpora.pretrain: no train documents left after cleaning",
          params={"clean.min_chars": 900_000}),
     Case("non-UTF-8 bytes: counted and dropped", "clean", None, data=invalid_utf8,
@@ -117,8 +125,12 @@ CASES = [
          check=lambda m: m["pretrain"]["dropped"]["too_long"] == 1),
     Case("missing text field", "clean", "corpora.pretrain.text_field: field 'body' not in",
          params={"corpora.pretrain.text_field": "body"}),
-    Case("missing source", "clean", "corpora.domain.source: '/no/such/folder' does not exist",
+    Case("missing source", "data", "corpora.domain.source: '/no/such/folder' does not exist",
          params={"corpora.domain.source": "/no/such/folder"}),
+    Case("a dataset offline with no copy in the mirror", "data",
+         "corpora.pretrain.source: 'hf:wikimedia/wikipedia/20231101.en@b04c8d1ceb2f5cd4588862100d08de323dccfbaa' has "
+         "no copy in the mirror and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set); data.mirror "
+         "/no/such/mirror does not exist: put a copy in /no/such/mirror/wikipedia_en", params={"data.mirror": "/no/such/mirror"}),
     Case("unknown params key", "pretrain", "pretrain.budget_token: unknown key; did you mean 'pretrain.budget_tokens'?",
          params={"pretrain.budget_token": 10}),
     Case("wrong params type", "pretrain", "pretrain.batch_size: expected an integer, got str 'big'",
@@ -150,14 +162,12 @@ CASES = [
 def test_bad_input(project, tmp_path, case):
     repo = project
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    if case.data:
-        data = tmp_path / "data"
-        shutil.copytree(repo.parent / "shared" / "data", data)
-        case.data(data)
-        for corpus in params["corpora"].values():
-            corpus["source"] = str(data / Path(corpus["source"]).name)
-        for task in params["tasks"].values():
-            task["source"] = str(data / Path(task["source"]).name)
+    raw = repo / "data" / "raw"
+    if case.data:  # an edited copy of the mirror, read by the data stage, unless the case is the data stage's
+        mirror = tmp_path / "mirror"
+        shutil.copytree(repo.parent / "shared" / "data", mirror)
+        case.data(mirror)
+        params["data"]["mirror"] = str(mirror)
     for key, value in case.params.items():
         *parents, last = key.split(".")
         section = params
@@ -168,14 +178,20 @@ def test_bad_input(project, tmp_path, case):
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     out = tmp_path / "out"
     out.mkdir()
+    if case.data and case.stage != "data":
+        raw = tmp_path / "raw"
+        done = subprocess.run([sys.executable, "-m", "stages.data", "--params", str(params_file), "--out", str(raw),
+                               "--metrics", str(tmp_path / "data.json")], cwd=repo, env=env(), capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
     if case.name == "truncated model weights":
         truncate_model(repo, tmp_path)
         done = subprocess.run([sys.executable, "-m", "stages.finetune", "--params", str(params_file), "--model",
                                str(tmp_path / "model_in"), "--out", str(out / "model"), "--metrics",
                                str(out / "m.json"), "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
-                              cwd=repo, env=ENV, capture_output=True, text=True, timeout=600)
+                              cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
     else:
-        done = stage(repo, case.stage, params_file, out)
+        done = stage(repo, case.stage, params_file, out, raw)
     if case.error is None:
         assert done.returncode == 0, done.stderr[-2000:]
         case.check(json.loads((out / "m.json").read_text()))

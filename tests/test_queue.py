@@ -1,8 +1,8 @@
-"""Two queued experiments run at once (`dvc exp run --run-all -j 2`) on a tiny project: both finish,
-each with its own MLflow parent run in the one shared store, and the workspace is left as it was."""
+"""Two queued experiments run at once (`dvc exp run --run-all -j 2`) on a tiny project with the default
+(relative) sources: both finish, each with its own MLflow parent run in the one shared store, and the
+workspace is left as it was."""
 import json
 
-import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.test_pipeline import copy_repo, make_tiny_data, run, tiny_params
@@ -12,12 +12,7 @@ def test_two_queued_experiments_run_side_by_side(tmp_path):
     repo = tmp_path / "repo"
     make_tiny_data(tmp_path / "shared" / "data")
     copy_repo(repo)
-    tiny_params(repo)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    for section in [*params["corpora"].values(), *params["tasks"].values()]:
-        # a queued experiment runs in a temp copy under .dvc/tmp/exps: relative sources would not resolve
-        section["source"] = str((repo / section["source"]).resolve())
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    tiny_params(repo)  # the default sources: hub ids, read from the mirror beside the project (a relative path)
     run(repo, "git", "init", "-q")
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "tiny")
