@@ -1,5 +1,7 @@
 """Outputs and streams. Outputs are atomic: everything is written to a temporary sibling and renamed
-into place, so a killed or failed stage never leaves a half-written file or folder behind."""
+into place, so a killed or failed stage never leaves a half-written file or folder behind. A killed
+stage does leave its temporary sibling: the temporary's name carries the writing process's id, and
+the next write of the same output removes those whose process is gone."""
 from __future__ import annotations
 
 import contextlib
@@ -21,12 +23,53 @@ def _umask() -> int:
     return mask
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+def _temporary_prefix(path: Path) -> str:
+    """The start of the names of `path`'s temporary siblings written by this process."""
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
+def _writer_pid(name: str, path: Path) -> int | None:
+    """The process id in `name` when it names a temporary (`.<name>.tmp-<pid>-*`) or a replaced
+    (`.<name>.old-<pid>`) sibling of `path`, else None."""
+    for start in (f".{path.name}.tmp-", f".{path.name}.old-"):
+        if name.startswith(start):
+            pid = name[len(start):].split("-")[0]
+            return int(pid) if pid.isdigit() else None
+    return None
+
+
+def remove_dead_leftovers(path: Path) -> None:
+    """Remove the temporary and replaced siblings of `path` that a killed process left. One whose
+    process still runs is kept: it may be writing `path` now."""
+    for sibling in path.parent.iterdir():
+        pid = _writer_pid(sibling.name, path)
+        if pid is None or process_alive(pid):
+            continue
+        if sibling.is_dir():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                sibling.unlink()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder beside `path`; on success it replaces `path` whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    remove_dead_leftovers(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=path.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it owner-only; outputs get the usual permissions
     try:
         yield tmp
@@ -50,7 +93,8 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[An
     """Open a temporary sibling of `path` for writing; on success rename it to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    remove_dead_leftovers(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; outputs get the usual permissions
     try:

@@ -1,6 +1,8 @@
 """Atomic outputs: all or nothing, with ordinary permissions."""
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -41,3 +43,32 @@ def test_outputs_get_umask_permissions(tmp_path):
     assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "d" / "w.safetensors").stat().st_mode) == 0o644
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (and been reaped): no process has it now, barring reuse."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def write_dir(path):
+    with atomic_dir(path) as tmp:
+        (tmp / "a").write_text("1")
+
+
+@pytest.mark.parametrize("write", [write_dir, lambda path: write_json(path, {})], ids=["atomic_dir", "atomic_file"])
+def test_leftovers_of_a_killed_writer_are_removed_and_a_live_ones_kept(tmp_path, write):
+    """A stage killed while writing leaves its temporary (and the output it was replacing) beside the
+    output; the next write removes them, but never those of a process that is still writing."""
+    dead, live = dead_pid(), os.getpid()
+    for name in (f".out.tmp-{dead}-x1y2z3", f".out.old-{dead}", f".out.tmp-{live}-a1b2c3", f".out.old-{live}",
+                 ".out.tmp-abc", f".other.tmp-{dead}-q"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(b"x" * 100)
+    (tmp_path / f".out.tmp-{dead}-file").write_text("a killed atomic_file's temporary")
+    write(tmp_path / "out")
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "out", f".out.tmp-{live}-a1b2c3", f".out.old-{live}",  # a live writer's
+        ".out.tmp-abc", f".other.tmp-{dead}-q"}  # no process id; another output's
+    assert (tmp_path / f".out.tmp-{live}-a1b2c3" / "weights.bin").exists()
