@@ -3,6 +3,7 @@ import errno
 import sys
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 class UserError(Exception):
@@ -10,20 +11,34 @@ class UserError(Exception):
 
 
 def run_main(main) -> None:
-    """Call a stage's main(); turn a UserError or a full disk into a one-line message and exit code 2."""
+    """Call a stage's main(); turn a UserError or a full disk into a one-line message and exit code 2,
+    and Ctrl-C into one line and exit code 130."""
     try:
         main()
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        # outputs and checkpoints are written to temporary siblings and renamed: none is half-written
+        print("interrupted; run the stage again (dvc repro) to resume from its last checkpoint", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
     except OSError as err:
-        if err.errno not in DISK_FULL:
+        message = os_error_line(err)
+        if message is None:
             raise
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def os_error_line(err: OSError) -> str | None:
+    """What to tell the user about an OSError they can fix (a full disk); None for any other, which is
+    a bug to see with its traceback."""
+    if err.errno in DISK_FULL:
         # every output and checkpoint is written to a temporary sibling and renamed: the old ones stand
         where = f" writing {err.filename}" if err.filename else ""
-        print(f"error: no space left on the device{where}; free some and run the stage again "
-              "(earlier outputs and checkpoints are intact)", file=sys.stderr)
-        sys.exit(2)
+        return (f"no space left on the device{where}; free some and run the stage again "
+                "(earlier outputs and checkpoints are intact)")
+    return None
 
 
 def describe(err: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Faults outside the code: a disk that fills up while a checkpoint or an output is written."""
+"""Faults outside the code: a disk that fills up while a checkpoint or an output is written, Ctrl-C."""
 import errno
 import subprocess
 import sys
@@ -51,12 +51,23 @@ def test_disk_full_while_writing_an_output_keeps_the_old_one(tmp_path, monkeypat
     assert (out / "config.json").read_text().count('"version": 1') == 1 and not (out / "weights.bin").exists()
 
 
+def run_main_raising(error: str) -> subprocess.CompletedProcess:
+    """A stage process whose main() raises `error` (Python source) through lib.errors.run_main."""
+    code = f"import errno; from lib.errors import run_main\ndef main(): raise {error}\nrun_main(main)"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 def test_a_full_disk_ends_a_stage_in_one_line():
-    code = ("import errno; from lib.errors import run_main\n"
-            "def main(): raise OSError(errno.ENOSPC, 'No space left on device', 'models/pretrain/.tmp/model.safetensors')\n"
-            "run_main(main)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_main_raising("OSError(errno.ENOSPC, 'No space left on device', "
+                            "'models/pretrain/.tmp/model.safetensors')")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: no space left on the device writing models/pretrain/.tmp/model.safetensors; free some and run the "
         "stage again (earlier outputs and checkpoints are intact)"]
+
+
+def test_ctrl_c_ends_a_stage_in_one_line_with_the_shells_exit_code():
+    done = run_main_raising("KeyboardInterrupt")
+    assert done.returncode == 130
+    assert done.stderr.strip().splitlines() == [
+        "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
