@@ -3,6 +3,7 @@ import errno
 import sys
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
@@ -11,8 +12,8 @@ class UserError(Exception):
 
 
 def run_main(main) -> None:
-    """Call a stage's main(); turn a UserError or a full disk into a one-line message and exit code 2,
-    and Ctrl-C into one line and exit code 130."""
+    """Call a stage's main(); turn a UserError, a full disk or a denied permission into a one-line
+    message and exit code 2, and Ctrl-C into one line and exit code 130."""
     try:
         main()
     except UserError as err:
@@ -31,13 +32,16 @@ def run_main(main) -> None:
 
 
 def os_error_line(err: OSError) -> str | None:
-    """What to tell the user about an OSError they can fix (a full disk); None for any other, which is
-    a bug to see with its traceback."""
+    """What to tell the user about an OSError they can fix (a full disk, a denied permission); None
+    for any other, which is a bug to see with its traceback."""
     if err.errno in DISK_FULL:
         # every output and checkpoint is written to a temporary sibling and renamed: the old ones stand
         where = f" writing {err.filename}" if err.filename else ""
         return (f"no space left on the device{where}; free some and run the stage again "
                 "(earlier outputs and checkpoints are intact)")
+    if err.errno in DENIED:
+        return (f"{err.filename or 'a file or folder'}: {err.strerror.lower()}; fix its permissions or point the "
+                "stage elsewhere")
     return None
 
 

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
+from lib.errors import DENIED, UserError
+
 T = TypeVar("T")
 
 
@@ -105,6 +107,27 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[An
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_writable(*paths: str | Path) -> None:
+    """Stop a stage before any work when one of its outputs cannot be written, rather than with a
+    traceback after it. An output is written as a temporary sibling renamed into place, or into the
+    output folder where it exists: the folder that holds it (its nearest existing ancestor) and an
+    existing output folder must take a new file. Tried by creating and removing one, so permission
+    bits, ACLs and read-only mounts all count."""
+    for path in map(Path, paths):
+        holder = next(p for p in path.parents if p.exists())
+        if not holder.is_dir():
+            raise UserError(f"cannot write {path}: {holder} is a file, not a folder; point the stage elsewhere")
+        for folder in ([path] if path.is_dir() else []) + [holder]:
+            try:
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+                    pass
+            except OSError as err:
+                if err.errno not in DENIED:
+                    raise
+                raise UserError(f"cannot write {path}: {err.strerror.lower()} on {folder}; fix its permissions or "
+                                "point the stage elsewhere") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

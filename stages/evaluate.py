@@ -25,7 +25,7 @@ from lib.classifier import META_FILE
 from lib.config import load_params
 from lib.efficiency import latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.model import load_model
 from lib.predict import TextClassifier
 from lib.report import write_report
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/evaluate"))
     parser.add_argument("--report", type=Path, default=Path("reports"))
     args = parser.parse_args()
+    check_writable(args.metrics, args.plots, args.report)
     params = load_params(args.params)
     cfg, ft = params.evaluate, params.finetune
     stage_params = {"seed": params.seed, "device": params.device, "evaluate": cfg, "tasks": params.tasks,

@@ -13,6 +13,7 @@ import torch
 from lib import distributed, tracking
 from lib.config import load_params
 from lib.errors import run_main
+from lib.io import check_writable
 from lib.lm import LMPaths, train_language_model
 from lib.objectives import build_objective
 from lib.tokenizer import load_tokenizer, special_ids
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/pretrain"))
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/pretrain"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
     params = load_params(args.params)
     stage_params = {"seed": params.seed, "device": params.device, "objective": params.objective,
                     "model": params.model, "mlm": params.mlm, "electra": params.electra, "pretrain": params.pretrain,

@@ -1,4 +1,4 @@
-"""Atomic outputs: all or nothing, with ordinary permissions."""
+"""Atomic outputs: all or nothing, with ordinary permissions, no leftovers; outputs checked writable first."""
 import os
 import stat
 import subprocess
@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from lib.io import atomic_dir, atomic_file, write_json
+from lib.errors import UserError
+from lib.io import atomic_dir, atomic_file, check_writable, write_json
+from tests.helpers import read_only_folder
 
 
 def test_atomic_dir_replaces_whole_or_not_at_all(tmp_path):
@@ -72,3 +74,17 @@ def test_leftovers_of_a_killed_writer_are_removed_and_a_live_ones_kept(tmp_path,
         "out", f".out.tmp-{live}-a1b2c3", f".out.old-{live}",  # a live writer's
         ".out.tmp-abc", f".other.tmp-{dead}-q"}  # no process id; another output's
     assert (tmp_path / f".out.tmp-{live}-a1b2c3" / "weights.bin").exists()
+
+
+def test_check_writable_names_the_output_and_the_folder_that_refuses_it(tmp_path, monkeypatch):
+    with read_only_folder(tmp_path / "locked", monkeypatch) as locked:
+        check_writable(tmp_path / "m.json", tmp_path / "new" / "deeper" / "model")  # folders still to create
+        for output in (locked / "models" / "pretrain", locked / "m.json"):
+            with pytest.raises(UserError) as err:
+                check_writable(tmp_path / "m.json", output)
+            assert str(err.value) == (f"cannot write {output}: permission denied on {locked}; fix its permissions "
+                                      "or point the stage elsewhere")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UserError, match=r"a-file is a file, not a folder; point the stage elsewhere"):
+        check_writable(tmp_path / "a-file" / "m.json")
+    assert {p.name for p in tmp_path.rglob("*")} == {"locked", "a-file"}  # the checks leave nothing behind
