@@ -81,6 +81,14 @@ def test_pair_classifier_reads_text_pairs(folders):
     assert clf.pairs and clf.predict(TEXTS, seconds, batch_size=2) == expected
 
 
+def test_any_iterable_of_strings_is_read_once(folders):
+    clf = TextClassifier.load(folders["pair"], device="cpu")
+    seconds = list(reversed(TEXTS))
+    expected = clf.predict(TEXTS, seconds)
+    assert clf.predict((text for text in TEXTS), iter(seconds)) == expected  # generators: used up by one reading
+    np.testing.assert_array_equal(clf.predict_proba(iter(TEXTS), tuple(seconds)), clf.predict_proba(TEXTS, seconds))
+
+
 @pytest.mark.parametrize("folder, call, message", [
     ("tok", lambda clf: None, "not a classifier folder"),
     ("pair", lambda clf: clf.predict(["a premise"]), "pass the second texts as text_pairs="),
