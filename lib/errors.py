@@ -1,9 +1,16 @@
 """User-facing errors: one line that names the file or key and says what to do."""
 import errno
+import os
+import re
 import sys
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+# Credentials that may reach a message inside a URI (MLflow's errors quote the tracking URI whole)
+URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")  # scheme://user:PASSWORD@
+SECRET_QUERY_VALUE = re.compile(r"([?&][^=&\s]*(?:password|passwd|pwd|token|secret|key|signature|sig)[^=&\s]*=)"
+                                r"[^&\s'\"]+", re.IGNORECASE)  # ?access_token=VALUE&...
+SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
@@ -17,7 +24,7 @@ def run_main(main) -> None:
     try:
         main()
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         # outputs and checkpoints are written to temporary siblings and renamed: none is half-written
@@ -27,7 +34,7 @@ def run_main(main) -> None:
         message = os_error_line(err)
         if message is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {redact(message)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -46,6 +53,18 @@ def os_error_line(err: OSError) -> str | None:
 
 
 def describe(err: BaseException) -> str:
-    """'TypeName: first line of the message', for one-line reports of errors from libraries."""
-    lines = str(err).strip().splitlines()
+    """'TypeName: first line of the message', for one-line reports of errors from libraries, with
+    credentials redacted."""
+    lines = redact(str(err)).strip().splitlines()
     return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
+
+
+def redact(text: str) -> str:
+    """`text` with credentials masked as ***: a URL's password (scheme://user:***@host), the values of
+    secret-looking query parameters (?token=***), and the values of MLflow's credential variables."""
+    text = URL_PASSWORD.sub(r"\1***@", text)
+    text = SECRET_QUERY_VALUE.sub(r"\1***", text)
+    for name in SECRET_ENV:
+        if os.environ.get(name):
+            text = text.replace(os.environ[name], "***")
+    return text

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lib.config import TrackingConfig, flatten
-from lib.errors import describe
+from lib.errors import describe, redact
 
 # No telemetry or network calls from a tool that must work offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -169,7 +169,7 @@ CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage"
 def warn(message: str) -> None:
     global _warned
     if not _warned:
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"warning: {redact(message)}", file=sys.stderr)
         _warned = True
 
 

@@ -106,6 +106,17 @@ def test_unreachable_store_warns_once_and_stage_finishes(tmp_path, monkeypatch, 
     assert err.count("warning:") == 1 and "MLflow tracking is off" in err
 
 
+def test_the_warning_for_an_unreachable_server_hides_its_password(tmp_path, monkeypatch, capsys):
+    """MLflow's error quotes the tracking URI whole, credentials included (port 9: nothing listens)."""
+    monkeypatch.setattr(tracking, "_warned", False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:secret@127.0.0.1:9/")
+    with tracking.stage_run("clean", TrackingConfig(), {}, {"a": 1}) as run:
+        run.log_metrics({"x": 1.0})
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "http://user:***@127.0.0.1:9/" in err and "secret" not in err
+
+
 def test_disabled_tracking_touches_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     with tracking.stage_run("clean", TrackingConfig(enabled=False), {}, {"a": 1}) as run:
