@@ -1,4 +1,5 @@
 """Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
+import subprocess
 import sys
 import time
 
@@ -7,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from lib import tracking
 from lib.config import TrackingConfig
+from tests.helpers import ROOT
 
 
 @pytest.fixture
@@ -82,6 +84,37 @@ def test_failed_stage_marks_runs_failed(store):
         with tracking.stage_run("clean", TrackingConfig(), {}, {}):
             raise RuntimeError("boom")
     assert {r.info.status for r in runs(store)} == {"FAILED"}
+
+
+TRAINING_STAGE = """
+import time
+from lib import tracking
+from lib.config import TrackingConfig
+with tracking.stage_run("finetune", TrackingConfig(), {}, {}) as run:
+    run.child("imdb/ulmfit/seed1", {}, {"pipeline.role": "finetune-run"})
+    print("training", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_runs_of_a_killed_stage_end_as_killed_when_the_next_stage_opens(store, monkeypatch):
+    """SIGKILL ends a stage without a word to MLflow; a run whose process still lives is left alone."""
+    stage = subprocess.Popen([sys.executable, "-c", TRAINING_STAGE], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stage.stdout.readline() == "training\n"
+    finally:
+        stage.kill()
+        stage.wait()
+    monkeypatch.setenv("DVC_EXP_NAME", "another")  # another pipeline: it does not join the killed one's parent
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}) as live:  # this process's: alive
+        with tracking.stage_run("tokenizer", TrackingConfig(), {}, {}):
+            status = {r.info.run_id: r.info.status for r in runs(store)}
+            by_name = {r.info.run_name: r for r in runs(store)}
+            killed, child = by_name["finetune"], by_name["imdb/ulmfit/seed1"]
+            assert killed.data.tags["process.pid"] == child.data.tags["process.pid"] == str(stage.pid)
+            assert status[killed.info.run_id] == status[child.info.run_id] == "KILLED"
+            assert status[killed.data.tags["mlflow.parentRunId"]] == "KILLED"  # its only stage run was killed
+            assert status[live.run_id] == status[live.parent_id] == "RUNNING"
 
 
 def test_artifacts_land_beside_the_store(store, tmp_path):
