@@ -108,6 +108,15 @@ def _overlap(rows: list[Row]) -> np.ndarray:
 
 # Zero-shot with a causal LM ---------------------------------------------------------------------
 
+def zero_shot_problem(task: str, label_words: list[str], label_names: list[str]) -> str | None:
+    """Why evaluate.zero_shot.<task> cannot score the task, or None. Zero-shot predicts the likelier
+    label word, so each class needs its own: with fewer, the classes without one are never predicted."""
+    if len(label_words) == len(label_names):
+        return None
+    return (f"Zero-shot not scored: evaluate.zero_shot.{task}.label_words has {len(label_words)} words for "
+            f"{len(label_names)} classes; give one word per class, in label order.")
+
+
 def zero_shot(lm: Transformer, tokenizer, special: dict[str, int], rows: list[Row], *, template: str,
               label_words: list[str], max_len: int, truncation: str, batch_size: int = 32,
               device: str | torch.device = "cpu") -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ Metric = Literal["accuracy", "f1", "mcc"]
 Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
+TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a task's name is a folder and file name of its outputs
 
 
 class ParamsError(UserError):
@@ -513,6 +515,8 @@ class Params:
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     def validate(self, key: str) -> None:
+        for name in self.tasks:
+            check_task_name(name)
         for name in ("pretrain", "adapt"):
             seq_len = getattr(self, name).seq_len
             if seq_len > self.model.max_positions:
@@ -573,6 +577,14 @@ def check_ulmfit_lr(section: Any, key: str) -> None:
         raise ParamsError(f"{key}.cut_frac/stlr_ratio: need 0 < cut_frac < 1 and stlr_ratio >= 1")
     if section.lr_decay < 1.0:
         raise ParamsError(f"{key}.lr_decay: {section.lr_decay} must be >= 1 (1 = one LR for all layers)")
+
+
+def check_task_name(name: str) -> None:
+    """Stages join task names into paths (models/finetune/<task>, plots/finetune/<task>.csv): a name
+    like ../../x would write outside the project."""
+    if not TASK_NAME.fullmatch(name) or ".." in name:
+        raise ParamsError(f"tasks.{repr(name)[1:-1]}: not a usable task name (it names output folders and files); "
+                          "use letters, digits, '_', '-' and '.', starting with a letter, digit or '_', without '..'")
 
 
 def check_source(source: str, key: str) -> None:

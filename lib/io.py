@@ -1,5 +1,7 @@
 """Outputs and streams. Outputs are atomic: everything is written to a temporary sibling and renamed
-into place, so a killed or failed stage never leaves a half-written file or folder behind."""
+into place, so a killed or failed stage never leaves a half-written file or folder behind. A killed
+stage does leave its temporary sibling: the temporary's name carries the writing process's id, and
+the next write of the same output removes those whose process is gone."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
+from lib.errors import DENIED, UserError
+
 T = TypeVar("T")
 
 
@@ -23,12 +27,53 @@ def _umask() -> int:
     return mask
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+def _temporary_prefix(path: Path) -> str:
+    """The start of the names of `path`'s temporary siblings written by this process."""
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
+def _writer_pid(name: str, path: Path) -> int | None:
+    """The process id in `name` when it names a temporary (`.<name>.tmp-<pid>-*`) or a replaced
+    (`.<name>.old-<pid>`) sibling of `path`, else None."""
+    for start in (f".{path.name}.tmp-", f".{path.name}.old-"):
+        if name.startswith(start):
+            pid = name[len(start):].split("-")[0]
+            return int(pid) if pid.isdigit() else None
+    return None
+
+
+def remove_dead_leftovers(path: Path) -> None:
+    """Remove the temporary and replaced siblings of `path` that a killed process left. One whose
+    process still runs is kept: it may be writing `path` now."""
+    for sibling in path.parent.iterdir():
+        pid = _writer_pid(sibling.name, path)
+        if pid is None or process_alive(pid):
+            continue
+        if sibling.is_dir():
+            shutil.rmtree(sibling, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                sibling.unlink()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder beside `path`; on success it replaces `path` whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    remove_dead_leftovers(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), dir=path.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it owner-only; outputs get the usual permissions
     try:
         yield tmp
@@ -52,7 +97,8 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[An
     """Open a temporary sibling of `path` for writing; on success rename it to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    remove_dead_leftovers(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; outputs get the usual permissions
     try:
@@ -63,6 +109,27 @@ def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[An
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_writable(*paths: str | Path) -> None:
+    """Stop a stage before any work when one of its outputs cannot be written, rather than with a
+    traceback after it. An output is written as a temporary sibling renamed into place, or into the
+    output folder where it exists: the folder that holds it (its nearest existing ancestor) and an
+    existing output folder must take a new file. Tried by creating and removing one, so permission
+    bits, ACLs and read-only mounts all count."""
+    for path in map(Path, paths):
+        holder = next(p for p in path.parents if p.exists())
+        if not holder.is_dir():
+            raise UserError(f"cannot write {path}: {holder} is a file, not a folder; point the stage elsewhere")
+        for folder in ([path] if path.is_dir() else []) + [holder]:
+            try:
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+                    pass
+            except OSError as err:
+                if err.errno not in DENIED:
+                    raise
+                raise UserError(f"cannot write {path}: {err.strerror.lower()} on {folder}; fix its permissions or "
+                                "point the stage elsewhere") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -349,13 +349,19 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transform
         raise UserError(f"{config_path}: cannot build the model config ({one_line(err)}); "
                         "point at a folder written by save_model") from None
     model = Transformer(cfg)
+    load_weights(model, weights_path, config_path)
+    return model.to(device).eval()
+
+
+def load_weights(module: nn.Module, weights_path: Path, config_path: Path) -> None:
+    """Load the safetensors file `weights_path` into `module` (built from `config_path`) strictly; a
+    missing, truncated or corrupt file, or tensors that do not fit the module, end in one line."""
     try:
-        safetensors.torch.load_model(model, weights_path, strict=True)
+        safetensors.torch.load_model(module, weights_path, strict=True)
     except FileNotFoundError:
-        raise UserError(f"{weights_path}: not found; point at a folder written by save_model") from None
+        raise UserError(f"{weights_path}: not found; point at a folder the pipeline wrote whole") from None
     except (SafetensorError, RuntimeError, OSError) as err:  # corrupt file; missing/unexpected/mis-sized tensors
         raise UserError(f"{weights_path}: does not match {config_path.name} or is corrupt ({one_line(err)})") from None
-    return model.to(device).eval()
 
 
 def one_line(err: BaseException) -> str:

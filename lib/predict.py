@@ -20,10 +20,11 @@ references to this module by name, which the logged copy of `lib` (code_paths) r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -104,19 +105,19 @@ class TextClassifier:
         """Whether the classifier reads text pairs (e.g. premise and hypothesis)."""
         return self.encoding.text_pair_field is not None
 
-    def predict(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None,
+    def predict(self, texts: Iterable[str], text_pairs: Iterable[str] | None = None,
                 batch_size: int = 32) -> list[str]:
         """The predicted label name of each text (of each pair, with `text_pairs`)."""
         probabilities = self.predict_proba(texts, text_pairs, batch_size)
         return [self.label_names[i] for i in probabilities.argmax(axis=1)]
 
-    def predict_proba(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None,
+    def predict_proba(self, texts: Iterable[str], text_pairs: Iterable[str] | None = None,
                       batch_size: int = 32) -> np.ndarray:
-        """(len(texts), n_classes) float32 class probabilities, rows in the order of `texts`."""
-        self._check_inputs(texts, text_pairs)
-        ids, segments, _ = encode(self.tokenizer, list(texts), None if text_pairs is None else list(text_pairs),
-                                  self.encoding.max_len, self.encoding.truncation, self.special["bos"],
-                                  self.special["eos"])
+        """(len(texts), n_classes) float32 class probabilities, rows in the order of `texts` (any
+        iterable of strings: a list, a pandas Series, a generator)."""
+        texts, text_pairs = self._checked_inputs(texts, text_pairs)
+        ids, segments, _ = encode(self.tokenizer, texts, text_pairs, self.encoding.max_len, self.encoding.truncation,
+                                  self.special["bos"], self.special["eos"])
         probabilities = np.zeros((len(ids), len(self.label_names)), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: equal lengths share a batch
         with torch.inference_mode(), runtime.autocast(self.device, self.precision):
@@ -128,24 +129,31 @@ class TextClassifier:
                 probabilities[rows] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
         return probabilities
 
-    def _check_inputs(self, texts: Sequence[str], text_pairs: Sequence[str] | None) -> None:
+    def _checked_inputs(self, texts: Iterable[str],
+                        text_pairs: Iterable[str] | None) -> tuple[list[str], list[str] | None]:
+        """The inputs as lists, read once (reading an iterator uses it up), after checking them."""
         fields = " and ".join(f"'{field}'" for field in self.encoding.fields)
         if self.pairs and text_pairs is None:
             raise UserError(f"this classifier reads text pairs ({fields}); pass the second texts as text_pairs=")
         if not self.pairs and text_pairs is not None:
             raise UserError(f"this classifier reads single texts ({fields}); leave text_pairs out")
-        for name, values in (("texts", texts), ("text_pairs", text_pairs)):
-            if values is None:
-                continue
-            if isinstance(values, (str, bytes)):
-                raise UserError(f"{name} is one {type(values).__name__}, not a list of strings; "
-                                "wrap a single text in a list")
-            wrong = next((i for i, value in enumerate(values) if not isinstance(value, str)), None)
-            if wrong is not None:
-                raise UserError(f"{name}[{wrong}] is {type(values[wrong]).__name__}, not str; "
-                                "pass strings (convert or drop missing values first)")
+        texts = strings("texts", texts)
+        text_pairs = None if text_pairs is None else strings("text_pairs", text_pairs)
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise UserError(f"{len(texts)} texts but {len(text_pairs)} text_pairs; pass one second text per text")
+        return texts, text_pairs
+
+
+def strings(name: str, values: Iterable[str]) -> list[str]:
+    """`values` as a list, each checked to be a str; `name` is the argument's, for the message."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise UserError(f"{name} is one {type(values).__name__}, not a list of strings; wrap a single text in a list")
+    values = list(values)
+    wrong = next((i for i, value in enumerate(values) if not isinstance(value, str)), None)
+    if wrong is not None:
+        raise UserError(f"{name}[{wrong}] is {type(values[wrong]).__name__}, not str; "
+                        "pass strings (convert or drop missing values first)")
+    return values
 
 
 def predict_frame(classifier: TextClassifier, frame: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,9 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 FINETUNE_ORDER = ("ulmfit", "plain", "from_scratch", "frozen")
+# Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
+# there, and drawing one text per cell took minutes (300 classes: 250 s)
+ANNOTATED_MAX_CLASSES = 20
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
          "frozen": "frozen features + linear"}
@@ -142,17 +145,19 @@ def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
 
 
 def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
-    """The confusion matrix of each model that has one (rows: true label, columns: predicted)."""
+    """The confusion matrix of each model that has one (rows: true label, columns: predicted); counts
+    and label names on small ones, colour alone (label indices on the axes) on large ones."""
     matrices = r["confusion"]
     labels = r["label_names"]
     fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.4), squeeze=False)
     for ax, (role, matrix) in zip(axes[0], matrices.items()):
         ax.imshow(matrix, cmap="Blues")
-        for i, row in enumerate(matrix):
-            for j, count in enumerate(row):
-                ax.text(j, i, str(count), ha="center", va="center", fontsize=9)
-        ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=30)
-        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        if len(labels) <= ANNOTATED_MAX_CLASSES:
+            for i, row in enumerate(matrix):
+                for j, count in enumerate(row):
+                    ax.text(j, i, str(count), ha="center", va="center", fontsize=9)
+            ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=30)
+            ax.set_yticks(range(len(labels)), labels, fontsize=8)
         ax.set_xlabel("predicted")
         ax.set_ylabel("true")
         ax.set_title(f"{task}: {role}")

@@ -4,7 +4,9 @@ Each stage is a run, nested under one parent run per pipeline execution (a `dvc 
 `dvc exp run`). DVC starts every stage as its own process and says nothing of the execution, so a
 stage joins the newest parent of its pipeline key (DVC experiment name + git commit) when that
 parent has no run of this stage yet, no run still going, and its last run ended moments ago;
-otherwise it opens a new parent. The store is `<project root>/mlflow.db` (absolute, so queued
+otherwise it opens a new parent. Each stage run is tagged with the host and process id that own it:
+a stage killed outright (SIGKILL) ends nothing, so the next stage to open marks the runs of this
+host whose process is gone KILLED. The store is `<project root>/mlflow.db` (absolute, so queued
 experiments that run in a temp copy log to the same store) unless MLFLOW_TRACKING_URI is set.
 If MLflow fails at any point, the stage warns once and goes on without tracking.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lib.config import TrackingConfig, flatten
-from lib.errors import describe
-from lib.io import project_root
+from lib.errors import describe, redact
+from lib.io import process_alive, project_root
 
 # No telemetry or network calls from a tool that must work offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -34,6 +37,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one ended opens a new parent
 MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway
 PARENT_ROLE, STAGE_ROLE = "pipeline", "stage"
+OWNER_HOST, OWNER_PID = "process.host", "process.pid"  # tags: the process a stage run (and its children) lives in
 
 
 def tracking_uri() -> str:
@@ -154,13 +158,14 @@ class StageRun:
 
 
 _warned = False
-CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage")  # copied from the stage's run
+CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage",
+              OWNER_HOST, OWNER_PID)  # copied from the stage's run
 
 
 def warn(message: str) -> None:
     global _warned
     if not _warned:
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"warning: {redact(message)}", file=sys.stderr)
         _warned = True
 
 
@@ -186,11 +191,33 @@ def _find_parent(client: Any, experiment_id: str, tags: dict[str, str]) -> str |
     return parent if time.time() * 1000 - last_end < JOIN_WINDOW_S * 1000 else None
 
 
+def _end_dead_runs(client: Any, experiment_id: str) -> None:
+    """Mark KILLED the runs left RUNNING by a process of this host that is gone (a stage, or a child
+    run of one, killed outright), and settle their parents."""
+    running = client.search_runs([experiment_id], filter_string=f"attributes.status = 'RUNNING' and "
+                                                              f"tags.`{OWNER_HOST}` = '{socket.gethostname()}'")
+    dead = [r for r in running if not process_alive(int(r.data.tags[OWNER_PID]))]
+    for run in dead:
+        client.set_terminated(run.info.run_id, "KILLED")
+    for parent_id in {r.data.tags["mlflow.parentRunId"] for r in dead if r.data.tags.get("pipeline.role") == STAGE_ROLE}:
+        _settle_parent(client, experiment_id, parent_id)
+
+
+def _settle_parent(client: Any, experiment_id: str, parent_id: str) -> None:
+    """A parent still RUNNING with no stage running ends as its last stage did, as StageRun.finish
+    would have ended it."""
+    stages = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                order_by=["attributes.start_time DESC"])
+    if all(s.info.status != "RUNNING" for s in stages) and client.get_run(parent_id).info.status == "RUNNING":
+        client.set_terminated(parent_id, stages[0].info.status)
+
+
 def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri())
     experiment_id = _experiment_id(client, cfg.experiment)
+    _end_dead_runs(client, experiment_id)
     tags = run_tags(stage)
     parent_id = _find_parent(client, experiment_id, tags)
     if parent_id is None:
@@ -199,8 +226,9 @@ def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
         name = f"{tags['dvc.exp_name']} {tags['git.commit'][:7]}"
         parent_id = client.create_run(experiment_id, tags=parent_tags, run_name=name).info.run_id
         StageRun(client, parent_id).log_params(all_params)
+    owner = {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid())}
     run = client.create_run(experiment_id, run_name=stage,
-                            tags={**tags, "pipeline.role": STAGE_ROLE, "mlflow.parentRunId": parent_id})
+                            tags={**tags, **owner, "pipeline.role": STAGE_ROLE, "mlflow.parentRunId": parent_id})
     client.update_run(parent_id, status="RUNNING")
     return StageRun(client, run.info.run_id, parent_id)
 

@@ -15,7 +15,7 @@ import torch
 from lib import distributed, tracking
 from lib.config import load_params, stage_params
 from lib.errors import run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.lm import CURVES, LMPaths, train_language_model
 from lib.objectives import build_objective, load_objective
 from lib.tokenizer import load_tokenizer, saved_special_ids
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/adapt"))
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/adapt"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
     params = load_params(args.params)
     keyed_on = stage_params(params, "adapt")
 

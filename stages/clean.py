@@ -12,7 +12,7 @@ from lib.clean import DocumentCleaner, build_contamination_index
 from lib.config import load_params, stage_params
 from lib.corpus import CORPORA, clean_corpus, eval_texts
 from lib.errors import run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 
 
@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=Path, default=Path("metrics/clean.json"))
     parser.add_argument("--plots", type=Path, default=Path("plots/clean"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots)
     params = load_params(args.params)
     cfg = params.clean
     local = localize(params, args.raw)

@@ -12,7 +12,7 @@ from pathlib import Path
 from lib import tracking
 from lib.config import load_params, stage_params
 from lib.errors import run_main
-from lib.io import write_json
+from lib.io import check_writable, write_json
 from lib.raw import read_all, up_to_date
 
 
@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("data/raw"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics/data.json"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics)
     params = load_params(args.params)
     if up_to_date(params, args.out) and args.metrics.is_file():  # the usual case: say so, track nothing
         print(f"data: every source is in {args.out} already, read with the same identity; nothing to do", flush=True)

@@ -22,7 +22,7 @@ from lib.classifier import load_classifier, save_classifier
 from lib.config import load_params, stage_params
 from lib.distill import DistillResult, distill_task
 from lib.errors import run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE
 from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/distill"))
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
     params = load_params(args.params)
     if distributed.relaunch(params.impl, "stages.distill"):
         return

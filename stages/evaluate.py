@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from lib import runtime, tracking
-from lib.baselines import tfidf_baseline, zero_shot
+from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
 from lib.config import load_params, stage_params
 from lib.efficiency import latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 from lib.model import load_model
 from lib.predict import TextClassifier, log_pyfunc
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/evaluate"))
     parser.add_argument("--report", type=Path, default=Path("reports"))
     args = parser.parse_args()
+    check_writable(args.metrics, args.plots, args.report)
     params = load_params(args.params)
     # scored and timed at deployment precision (auto), whatever precision training ran in
     runtime_facts = runtime.configure(replace(params.impl, precision="auto"), resolve_device(params.device))
@@ -95,7 +96,7 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     if "teacher" in models:
         info = json.loads((models["teacher"] / META_FILE).read_text(encoding="utf-8"))
         result["teacher"] = {"variant": info["variant"], "seed": info["seed"]}
-    unlabeled = []
+    unlabeled, zero_shot_note = [], None
     for split in task_cfg.eval_splits:
         rows = read_task(name, task_cfg, max_train=ft.train_limit(name), eval_split=split, **selection)
         if rows.eval is None:
@@ -127,10 +128,12 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
             scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
-            predicted = zero_shot(lm, lm_tokenizer, special, rows.eval, template=prompt.template,
-                                  label_words=prompt.label_words, max_len=task_cfg.max_len,
-                                  truncation=task_cfg.truncation)
-            scores["zero_shot"] = compute_metrics(metric_names, predicted, labels, n_classes)
+            zero_shot_note = zero_shot_problem(name, prompt.label_words, rows.label_names)
+            if zero_shot_note is None:
+                predicted = zero_shot(lm, lm_tokenizer, special, rows.eval, template=prompt.template,
+                                      label_words=prompt.label_words, max_len=task_cfg.max_len,
+                                      truncation=task_cfg.truncation)
+                scores["zero_shot"] = compute_metrics(metric_names, predicted, labels, n_classes)
         result["splits"][split] = {"examples": len(rows.eval), "train_examples": len(rows.train),
                                    "full_train_examples": len(full.train), "scores": scores}
         print(f"{name} {split}: " + "; ".join(f"{model} {s[metric_names[0]]:.4f}" for model, s in scores.items()),
@@ -138,8 +141,12 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     if not result["splits"]:
         raise UserError(f"tasks.{name}.eval_splits: none of {task_cfg.eval_splits} has labels; "
                         "name a labeled split to evaluate on")
-    if unlabeled:
-        result["note"] = (f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels.")
+    notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
+    if zero_shot_note is not None:
+        print(f"{name}: {zero_shot_note}", flush=True)
+        notes.append(zero_shot_note)
+    if notes:
+        result["note"] = " ".join(notes)
     print(f"{name}: timing {', '.join(classifiers)}", flush=True)
     result["efficiency"] = {role: efficiency(c, models[role], cfg) for role, c in classifiers.items()}
     if distilled and "teacher" in result["efficiency"] and "student" in result["efficiency"]:

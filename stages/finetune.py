@@ -22,7 +22,7 @@ from lib.checkpoint import fingerprint
 from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.finetune import RunResult, run_variant
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE, load_model
 from lib.tasks import load_task
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/finetune"))
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
     params = load_params(args.params)
     if distributed.relaunch(params.impl, "stages.finetune"):
         return

@@ -13,6 +13,7 @@ import torch
 from lib import distributed, tracking
 from lib.config import load_params, stage_params
 from lib.errors import run_main
+from lib.io import check_writable
 from lib.lm import LMPaths, train_language_model
 from lib.objectives import build_objective
 from lib.tokenizer import load_tokenizer, saved_special_ids
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--plots", type=Path, default=Path("plots/pretrain"))
     parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/pretrain"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
     params = load_params(args.params)
     keyed_on = stage_params(params, "pretrain")
 

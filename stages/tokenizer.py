@@ -14,7 +14,7 @@ from lib import tracking
 from lib.config import load_params, stage_params
 from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
-from lib.io import atomic_dir, write_csv, write_json
+from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.packed import PackedTokens, encode_to_packed
 from lib.tokenizer import tokenizer_sha256, train_tokenizer
 
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=Path, default=Path("metrics/tokenizer.json"))
     parser.add_argument("--plots", type=Path, default=Path("plots/tokenizer"))
     args = parser.parse_args()
+    check_writable(args.out, args.metrics, args.plots)
     params = load_params(args.params)
     cfg = params.tokenizer
 

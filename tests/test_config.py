@@ -176,6 +176,18 @@ def test_task_fields(chdir_root, tmp_path, default_params):
     assert "tasks.sst2.max_len: 1024 is above model.max_positions (512)" in error_of(tmp_path, default_params)
 
 
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x..y", "", "-rf", "two\nlines"])
+def test_task_names_cannot_leave_their_folders(chdir_root, tmp_path, default_params, name):
+    default_params["tasks"][name] = default_params["tasks"].pop("rte")
+    message = error_of(tmp_path, default_params)  # one line, even for a name with a line break
+    assert f"tasks.{repr(name)[1:-1]}: not a usable task name" in message
+
+
+def test_task_names_may_have_dots_dashes_and_digits(chdir_root, tmp_path, default_params):
+    default_params["tasks"]["glue.rte-v2_1"] = default_params["tasks"].pop("rte")
+    assert "glue.rte-v2_1" in load(tmp_path, default_params).tasks
+
+
 def test_yaml_syntax_error_names_line(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("seed: 1\nclean: {min_chars: 3\n")

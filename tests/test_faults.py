@@ -1,5 +1,7 @@
-"""Faults outside the code: a disk that fills up while a checkpoint or an output is written."""
+"""Faults outside the code: a disk that fills up while a checkpoint or an output is written, an output
+folder that cannot be written, Ctrl-C."""
 import errno
+import importlib
 import subprocess
 import sys
 
@@ -9,8 +11,9 @@ import torch
 from lib import checkpoint
 from lib.checkpoint import load_checkpoint, save_checkpoint
 from lib.distributed import full_state
+from lib.errors import run_main
 from lib.io import atomic_dir, write_json
-from tests.helpers import ROOT
+from tests.helpers import ROOT, read_only_folder
 
 
 def disk_full(*args, **kwargs):
@@ -51,12 +54,56 @@ def test_disk_full_while_writing_an_output_keeps_the_old_one(tmp_path, monkeypat
     assert (out / "config.json").read_text().count('"version": 1') == 1 and not (out / "weights.bin").exists()
 
 
+STAGE_OUTPUTS = {"data": ("--out", "--metrics"), "clean": ("--out", "--metrics", "--plots"),
+                 "tokenizer": ("--out", "--metrics", "--plots"),
+                 **{stage: ("--out", "--metrics", "--plots", "--checkpoints")
+                    for stage in ("pretrain", "adapt", "finetune", "distill")},
+                 "evaluate": ("--metrics", "--plots", "--report")}
+
+
+@pytest.mark.parametrize("stage", STAGE_OUTPUTS)
+def test_a_stage_stops_at_start_on_an_output_it_cannot_write(stage, tmp_path, monkeypatch, capsys):
+    """Each output of each stage is checked before any work: the stage runs here with no params file
+    and no inputs, so only a check made first can give this line."""
+    monkeypatch.chdir(tmp_path)  # the other outputs' default paths resolve here
+    main = importlib.import_module(f"stages.{stage}").main
+    with read_only_folder(tmp_path / "locked", monkeypatch) as locked:
+        for option in STAGE_OUTPUTS[stage]:
+            target = locked / option.strip("-")
+            monkeypatch.setattr(sys, "argv", [stage, option, str(target)])
+            with pytest.raises(SystemExit) as done:
+                run_main(main)
+            assert done.value.code == 2
+            assert capsys.readouterr().err.splitlines() == [
+                f"error: cannot write {target}: permission denied on {locked}; fix its permissions or point the "
+                "stage elsewhere"]
+
+
+def run_main_raising(error: str) -> subprocess.CompletedProcess:
+    """A stage process whose main() raises `error` (Python source) through lib.errors.run_main."""
+    code = f"import errno; from lib.errors import run_main\ndef main(): raise {error}\nrun_main(main)"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 def test_a_full_disk_ends_a_stage_in_one_line():
-    code = ("import errno; from lib.errors import run_main\n"
-            "def main(): raise OSError(errno.ENOSPC, 'No space left on device', 'models/pretrain/.tmp/model.safetensors')\n"
-            "run_main(main)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_main_raising("OSError(errno.ENOSPC, 'No space left on device', "
+                            "'models/pretrain/.tmp/model.safetensors')")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: no space left on the device writing models/pretrain/.tmp/model.safetensors; free some and run the "
         "stage again (earlier outputs and checkpoints are intact)"]
+
+
+def test_ctrl_c_ends_a_stage_in_one_line_with_the_shells_exit_code():
+    done = run_main_raising("KeyboardInterrupt")
+    assert done.returncode == 130
+    assert done.stderr.strip().splitlines() == [
+        "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
+
+
+def test_a_denied_permission_met_later_ends_a_stage_in_one_line_naming_the_file():
+    done = run_main_raising("PermissionError(errno.EACCES, 'Permission denied', 'models/finetune/imdb/head.safetensors')")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: models/finetune/imdb/head.safetensors: permission denied; fix its permissions or point the stage "
+        "elsewhere"]

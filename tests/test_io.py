@@ -1,13 +1,18 @@
-"""Atomic outputs: all or nothing, with ordinary permissions; deterministic JSON-lines files."""
+"""Atomic outputs: all or nothing, with ordinary permissions, no leftovers; outputs checked writable first;
+deterministic JSON-lines files."""
 import gzip
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
 
-from lib.io import JsonlGzWriter, atomic_dir, atomic_file, write_json
+from lib.errors import UserError
+from lib.io import JsonlGzWriter, atomic_dir, atomic_file, check_writable, write_json
+from tests.helpers import read_only_folder
 
 
 def test_atomic_dir_replaces_whole_or_not_at_all(tmp_path):
@@ -69,3 +74,46 @@ def test_jsonl_gz_writer_leaves_nothing_on_failure(tmp_path):
             writer.write({"text": "x"})
             raise RuntimeError("stop")
     assert list(tmp_path.iterdir()) == []
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended (and been reaped): no process has it now, barring reuse."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def write_dir(path):
+    with atomic_dir(path) as tmp:
+        (tmp / "a").write_text("1")
+
+
+@pytest.mark.parametrize("write", [write_dir, lambda path: write_json(path, {})], ids=["atomic_dir", "atomic_file"])
+def test_leftovers_of_a_killed_writer_are_removed_and_a_live_ones_kept(tmp_path, write):
+    """A stage killed while writing leaves its temporary (and the output it was replacing) beside the
+    output; the next write removes them, but never those of a process that is still writing."""
+    dead, live = dead_pid(), os.getpid()
+    for name in (f".out.tmp-{dead}-x1y2z3", f".out.old-{dead}", f".out.tmp-{live}-a1b2c3", f".out.old-{live}",
+                 ".out.tmp-abc", f".other.tmp-{dead}-q"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(b"x" * 100)
+    (tmp_path / f".out.tmp-{dead}-file").write_text("a killed atomic_file's temporary")
+    write(tmp_path / "out")
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "out", f".out.tmp-{live}-a1b2c3", f".out.old-{live}",  # a live writer's
+        ".out.tmp-abc", f".other.tmp-{dead}-q"}  # no process id; another output's
+    assert (tmp_path / f".out.tmp-{live}-a1b2c3" / "weights.bin").exists()
+
+
+def test_check_writable_names_the_output_and_the_folder_that_refuses_it(tmp_path, monkeypatch):
+    with read_only_folder(tmp_path / "locked", monkeypatch) as locked:
+        check_writable(tmp_path / "m.json", tmp_path / "new" / "deeper" / "model")  # folders still to create
+        for output in (locked / "models" / "pretrain", locked / "m.json"):
+            with pytest.raises(UserError) as err:
+                check_writable(tmp_path / "m.json", output)
+            assert str(err.value) == (f"cannot write {output}: permission denied on {locked}; fix its permissions "
+                                      "or point the stage elsewhere")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UserError, match=r"a-file is a file, not a folder; point the stage elsewhere"):
+        check_writable(tmp_path / "a-file" / "m.json")
+    assert {p.name for p in tmp_path.rglob("*")} == {"locked", "a-file"}  # the checks leave nothing behind

@@ -2,6 +2,7 @@
 importable without MLflow; and the pyfunc model through `mlflow models predict`."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from lib import runtime
-from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.classifier import HEAD_FILE, Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import SpecialTokens, TokenizerConfig
 from lib.errors import UserError
 from lib.model import Transformer, TransformerConfig
@@ -92,6 +93,14 @@ def test_cpu_precision_follows_the_bf16_probe(folders, monkeypatch, outcome, aut
             TextClassifier.load(folders["single"], device="cpu", precision="bf16")
 
 
+def test_any_iterable_of_strings_is_read_once(folders):
+    clf = TextClassifier.load(folders["pair"], device="cpu")
+    seconds = list(reversed(TEXTS))
+    expected = clf.predict(TEXTS, seconds)
+    assert clf.predict((text for text in TEXTS), iter(seconds)) == expected  # generators: used up by one reading
+    np.testing.assert_array_equal(clf.predict_proba(iter(TEXTS), tuple(seconds)), clf.predict_proba(TEXTS, seconds))
+
+
 @pytest.mark.parametrize("folder, call, message", [
     ("tok", lambda clf: None, "not a classifier folder"),
     ("pair", lambda clf: clf.predict(["a premise"]), "pass the second texts as text_pairs="),
@@ -111,6 +120,18 @@ def test_a_folder_without_encoding_is_refused(folders, tmp_path):
     save_classifier(model, tmp_path / "old", folders["tok"], {"label_names": LABELS})
     with pytest.raises(UserError, match="re-run the finetune stage"):
         TextClassifier.load(tmp_path / "old")
+
+
+@pytest.mark.parametrize("load", [load_classifier, TextClassifier.load], ids=["load_classifier", "TextClassifier.load"])
+def test_a_truncated_head_is_one_line_naming_the_file(folders, tmp_path, load):
+    broken = tmp_path / "broken"
+    shutil.copytree(folders["single"], broken)
+    head = broken / HEAD_FILE
+    head.write_bytes(head.read_bytes()[:100])
+    with pytest.raises(UserError) as err:
+        load(broken)
+    assert str(err.value).startswith(f"{head}: does not match classifier.json or is corrupt (SafetensorError")
+    assert "\n" not in str(err.value)
 
 
 def test_predict_imports_and_runs_without_mlflow_or_pandas(folders):

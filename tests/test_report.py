@@ -1,5 +1,8 @@
 """The evaluate stage's report: markdown tables and figures from a results dict shaped like evaluate's."""
-from lib.report import fmt, markdown, write_report
+import time
+
+from lib import report
+from lib.report import confusion_figure, fmt, markdown, write_report
 
 CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128, "threads": 2}
 RESULTS = {
@@ -53,3 +56,24 @@ def test_warnings_open_the_summary():
     lines = markdown(RESULTS, [], [warning]).splitlines()
     assert lines[:4] == ["# Evaluation summary", "", f"> {warning}", ""]
     assert not markdown(RESULTS, []).splitlines()[2].startswith(">")
+
+
+def drawn_figures(monkeypatch) -> list:
+    """The figures lib.report draws from now on, kept for inspection after it closes them."""
+    figures = []
+    monkeypatch.setattr(report.plt, "close", figures.append)
+    return figures
+
+
+def test_a_large_confusion_matrix_is_drawn_by_colour_alone_and_fast(tmp_path, monkeypatch):
+    """300 classes with a count per cell took 250 s: only small matrices get their counts written."""
+    figures = drawn_figures(monkeypatch)
+    n = 300
+    matrix = [[(i * 7 + j) % 5 for j in range(n)] for i in range(n)]
+    started = time.monotonic()
+    path = confusion_figure("topics", {"confusion": {"teacher": matrix, "student": matrix},
+                                       "label_names": [f"topic {i}" for i in range(n)]}, tmp_path / "c.png")
+    assert time.monotonic() - started < 15 and path.stat().st_size > 0
+    assert [len(ax.texts) for ax in figures[0].axes] == [0, 0]
+    confusion_figure("imdb", RESULTS["imdb"], tmp_path / "small.png")
+    assert [len(ax.texts) for ax in figures[1].axes] == [4, 4]  # a count per cell of the 2 x 2 matrices

@@ -1,4 +1,5 @@
 """Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
+import subprocess
 import sys
 import time
 
@@ -7,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from lib import tracking
 from lib.config import TrackingConfig
+from tests.helpers import ROOT
 
 
 @pytest.fixture
@@ -84,6 +86,37 @@ def test_failed_stage_marks_runs_failed(store):
     assert {r.info.status for r in runs(store)} == {"FAILED"}
 
 
+TRAINING_STAGE = """
+import time
+from lib import tracking
+from lib.config import TrackingConfig
+with tracking.stage_run("finetune", TrackingConfig(), {}, {}) as run:
+    run.child("imdb/ulmfit/seed1", {}, {"pipeline.role": "finetune-run"})
+    print("training", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_runs_of_a_killed_stage_end_as_killed_when_the_next_stage_opens(store, monkeypatch):
+    """SIGKILL ends a stage without a word to MLflow; a run whose process still lives is left alone."""
+    stage = subprocess.Popen([sys.executable, "-c", TRAINING_STAGE], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stage.stdout.readline() == "training\n"
+    finally:
+        stage.kill()
+        stage.wait()
+    monkeypatch.setenv("DVC_EXP_NAME", "another")  # another pipeline: it does not join the killed one's parent
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}) as live:  # this process's: alive
+        with tracking.stage_run("tokenizer", TrackingConfig(), {}, {}):
+            status = {r.info.run_id: r.info.status for r in runs(store)}
+            by_name = {r.info.run_name: r for r in runs(store)}
+            killed, child = by_name["finetune"], by_name["imdb/ulmfit/seed1"]
+            assert killed.data.tags["process.pid"] == child.data.tags["process.pid"] == str(stage.pid)
+            assert status[killed.info.run_id] == status[child.info.run_id] == "KILLED"
+            assert status[killed.data.tags["mlflow.parentRunId"]] == "KILLED"  # its only stage run was killed
+            assert status[live.run_id] == status[live.parent_id] == "RUNNING"
+
+
 def test_artifacts_land_beside_the_store(store, tmp_path):
     metrics = tmp_path / "m.json"
     metrics.write_text("{}")
@@ -104,6 +137,17 @@ def test_unreachable_store_warns_once_and_stage_finishes(tmp_path, monkeypatch, 
         run.log_artifact(__file__)
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "MLflow tracking is off" in err
+
+
+def test_the_warning_for_an_unreachable_server_hides_its_password(tmp_path, monkeypatch, capsys):
+    """MLflow's error quotes the tracking URI whole, credentials included (port 9: nothing listens)."""
+    monkeypatch.setattr(tracking, "_warned", False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:secret@127.0.0.1:9/")
+    with tracking.stage_run("clean", TrackingConfig(), {}, {"a": 1}) as run:
+        run.log_metrics({"x": 1.0})
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "http://user:***@127.0.0.1:9/" in err and "secret" not in err
 
 
 def test_disabled_tracking_touches_nothing(tmp_path, monkeypatch):
