@@ -44,6 +44,12 @@ def stage(repo: Path, name: str, params: Path, out: Path, raw: Path) -> subproce
                           cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
 
 
+def outputs_under(out: Path) -> list[str]:
+    """The output options of a training stage, every output under `out`."""
+    return ["--out", str(out / "model"), "--metrics", str(out / "m.json"), "--plots", str(out / "plots"),
+            "--checkpoints", str(out / "ckpt")]
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A tiny project with data, clean, tokenizer, pretrain and adapt done (tracking off)."""
@@ -154,6 +160,8 @@ CASES = [
     Case("task not in params", "finetune", "finetune.tasks[1]: 'nope' is not a task in `tasks`",
          params={"finetune.tasks": ["sst2", "nope"]}),
     Case("truncated model weights", "finetune", "model.safetensors: does not match config.json or is corrupt"),
+    Case("token files of another tokenizer", "pretrain", "train.json: encoded with another tokenizer than "
+         "data/tokens/tokenizer/tokenizer.json; encode the corpora again (dvc repro tokenizer)"),
     Case("the metrics of an earlier stage missing", "evaluate", "missing.json: cannot read it"),
 ]
 
@@ -184,11 +192,19 @@ def test_bad_input(project, tmp_path, case):
                                "--metrics", str(tmp_path / "data.json")], cwd=repo, env=env(), capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
-    if case.name == "truncated model weights":
+    if case.name == "token files of another tokenizer":  # e.g. a tokenizer stage killed between the two (before
+        # they became one output): the new vocabulary's tokenizer beside the old token files
+        tokens = tmp_path / "tokens"
+        shutil.copytree(repo / "data" / "tokens" / "pretrain", tokens)
+        meta = json.loads((tokens / "train.json").read_text())
+        (tokens / "train.json").write_text(json.dumps({**meta, "tokenizer": "0" * 64}))
+        done = subprocess.run([sys.executable, "-m", "stages.pretrain", "--params", str(params_file), "--tokenizer",
+                               "data/tokens/tokenizer", "--tokens", str(tokens), *outputs_under(out)],
+                              cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
+    elif case.name == "truncated model weights":
         truncate_model(repo, tmp_path)
         done = subprocess.run([sys.executable, "-m", "stages.finetune", "--params", str(params_file), "--model",
-                               str(tmp_path / "model_in"), "--out", str(out / "model"), "--metrics",
-                               str(out / "m.json"), "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")],
+                               str(tmp_path / "model_in"), *outputs_under(out)],
                               cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
     else:
         done = stage(repo, case.stage, params_file, out, raw)

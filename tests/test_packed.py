@@ -144,3 +144,15 @@ def test_encode_to_packed(tmp_path, wordpiece):
         flags = packed.word_starts[start:start + len(encoding.ids)].tolist()
         assert flags == [not token.startswith("##") for token in encoding.tokens]
     assert stats.seconds > 0 and stats.tokens_per_word > 1
+
+
+def test_token_files_name_the_tokenizer_that_made_them(tmp_path):
+    """Token files of another vocabulary would index the wrong embeddings: the reader refuses them in one line."""
+    docs, flags = random_docs(5, vocab_size=1000)
+    with PackedWriter(tmp_path / "train", 1000, EOS, tokenizer="a" * 64) as writer:
+        writer.add(docs, flags)
+    packed = PackedTokens(tmp_path / "train")
+    packed.check_tokenizer("a" * 64, tmp_path / "tok")
+    with pytest.raises(UserError, match=r"^.*train\.json: encoded with another tokenizer than .*tok/tokenizer\.json; "
+                                        r"encode the corpora again \(dvc repro tokenizer\)$"):
+        packed.check_tokenizer("b" * 64, tmp_path / "tok")
