@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from lib.config import flatten
 from lib.distributed import load_full_state
 from lib.errors import describe
-from lib.io import atomic_dir, write_json
+from lib.io import atomic_dir, file_sha256, write_json
 
 WEIGHTS, TRAIN_STATE, STATE, MANIFEST = "module.safetensors", "train_state.pt", "state.json", "manifest.json"
 PREFIX, KEEP = "ckpt-", 2
@@ -42,14 +42,6 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoints(directory: Path) -> list[Path]:

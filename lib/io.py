@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import gzip
+import hashlib
 import io
 import itertools
 import json
@@ -130,6 +131,15 @@ def check_writable(*paths: str | Path) -> None:
                     raise
                 raise UserError(f"cannot write {path}: {err.strerror.lower()} on {folder}; fix its permissions or "
                                 "point the stage elsewhere") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (weights and datasets can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

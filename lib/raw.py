@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from lib.config import HUB_PREFIX, Params
 from lib.errors import UserError, describe
-from lib.io import JsonlGzWriter, atomic_dir, project_root
+from lib.io import JsonlGzWriter, atomic_dir, file_sha256, project_root
 from lib.sources import data_suffix, local_files, parse_hub, read_records
 
 # Bump when the rows written for an unchanged source change (a new mapping, another row format):
@@ -184,7 +184,7 @@ def identity_of(use: Use) -> dict[str, Any]:
     identity: dict[str, Any] = {"source": use.source, "max_rows": use.max_rows, "format": FORMAT}
     if not use.source.startswith(HUB_PREFIX):
         files = local_files(str(_from_root(use.source)), f"{use.keys[0]}.source")
-        identity["files"] = {Path(path).name: _sha256(Path(path)) for paths in files.values() for path in paths}
+        identity["files"] = {Path(path).name: file_sha256(path) for paths in files.values() for path in paths}
     return identity
 
 
@@ -284,11 +284,3 @@ def _from_root(path: str) -> Path:
     """A path from params, relative to the project root: the same folder for a queued experiment,
     which DVC runs in a temporary copy of the project."""
     return (project_root() / path).resolve()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -129,25 +129,19 @@ def read_rows(source: str, split: str, fields: dict[str, str], key: str, max_row
     e.g. {"text": "review"}; `key` is the params key named in errors, `field_keys` the one that sets
     each field (by output name; default `key`). Raises UserError on a missing split or field, an
     empty split, or a source `datasets` cannot read."""
-    n = 0
-    for batch in _batches(source, split, key):
+    for n, record in enumerate(read_records(source, split, key, max_rows)):
         if n == 0:
-            missing = [name for name, f in fields.items() if f not in batch]
+            missing = [name for name, f in fields.items() if f not in record]
             if missing:
                 raise UserError(f"{(field_keys or {}).get(missing[0], key)}: field '{fields[missing[0]]}' not in "
-                                f"'{source}' split '{split}' (fields: {', '.join(batch)}); "
+                                f"'{source}' split '{split}' (fields: {', '.join(record)}); "
                                 "set the field name in params.yaml")
-        for values in zip(*(batch[f] for f in fields.values())):
-            yield dict(zip(fields, values))
-            n += 1
-            if max_rows is not None and n >= max_rows:
-                return
-    if n == 0:
-        raise UserError(f"{key}: '{source}' split '{split}' has no rows")
+        yield {name: record[f] for name, f in fields.items()}
 
 
 def read_records(source: str, split: str, key: str, max_rows: int | None = None) -> Iterator[dict[str, Any]]:
-    """Every field of each row of `split`, as read (at most max_rows rows); errors as read_rows'."""
+    """Every field of each row of `split`, as read (at most max_rows rows). Raises UserError on a
+    missing or empty split, or a source `datasets` cannot read, naming `key`."""
     n = 0
     for batch in _batches(source, split, key):
         for values in zip(*batch.values()):

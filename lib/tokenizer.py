@@ -12,7 +12,6 @@ Whatever the algorithm, a trained folder holds
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -25,7 +24,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 
 from lib.config import SpecialTokens, TokenizerConfig
 from lib.errors import UserError
-from lib.io import atomic_dir, write_json
+from lib.io import atomic_dir, file_sha256, write_json
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
@@ -229,7 +228,7 @@ def tokenizer_sha256(tokenizer_dir: str | Path) -> str:
     path = Path(tokenizer_dir) / TOKENIZER_FILE
     if not path.is_file():
         raise UserError(f"{path}: not found; train the tokenizer first")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return file_sha256(path)
 
 
 def read_meta(tokenizer_dir: str | Path) -> dict:

@@ -11,7 +11,6 @@ many in-domain texts for the teacher to label; trains the student and writes:
 A finished task is kept in --checkpoints and a task in progress resumes from its last epoch.
 """
 import argparse
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -22,7 +21,7 @@ from lib.classifier import load_classifier, save_classifier
 from lib.config import load_params, stage_params
 from lib.distill import DistillResult, distill_task
 from lib.errors import run_main
-from lib.io import atomic_dir, check_writable, write_csv, write_json
+from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE
 from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
@@ -61,7 +60,7 @@ def main() -> None:
             teacher_dir = args.teachers / name
             teacher, info = load_classifier(teacher_dir)
             run_id = fingerprint(keyed_on, task=name, device=device.type,
-                                 teacher=hashlib.sha256((teacher_dir / MODEL_FILE).read_bytes()).hexdigest())
+                                 teacher=file_sha256(teacher_dir / MODEL_FILE))
             task_dir = args.checkpoints / name
             record = task_dir / RESULT
             if record.is_file() and json.loads(record.read_text(encoding="utf-8"))["fingerprint"] == run_id:

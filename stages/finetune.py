@@ -10,7 +10,6 @@ For every task in finetune.tasks it loads the labeled data (lib/tasks.py), train
 A finished run is kept in --checkpoints, so a killed stage started again skips what it had done.
 """
 import argparse
-import hashlib
 import json
 import shutil
 import statistics
@@ -22,7 +21,7 @@ from lib.checkpoint import fingerprint
 from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.finetune import RunResult, run_variant
-from lib.io import atomic_dir, check_writable, write_csv, write_json
+from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE, load_model
 from lib.tasks import load_task
@@ -60,7 +59,7 @@ def main() -> None:
     adapted = load_model(args.model)
     # a kept run is reused only by a stage with the same params, starting model and device
     run_id = fingerprint(keyed_on, device=device.type,
-                         model=hashlib.sha256((args.model / MODEL_FILE).read_bytes()).hexdigest())
+                         model=file_sha256(args.model / MODEL_FILE))
     metrics, curves = {}, {}
     with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
         run.log_params({"runtime": runtime_facts})
