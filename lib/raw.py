@@ -208,7 +208,22 @@ def origin_of(use: Use, name: str, mirror: Path | None) -> str:
     if offline and not Path(parse_hub(use.source, f"{use.keys[0]}.source").repo).is_dir():
         raise UserError(f"{use.keys[0]}.source: '{use.source}' has no copy in the mirror and the hub is offline "
                         f"({'/'.join(OFFLINE_VARIABLES)} is set); {_fill(copy)}, or connect and run again")
+    hub_splits(use, copy)  # the hub answers for this id and revision, before anything is read
     return f"hub {use.source}"
+
+
+def hub_splits(use: Use, copy: Path | None = None) -> list[str]:
+    """The splits the hub publishes for `use.source`; one UserError line if it cannot say (no network,
+    an unknown id or revision, a gated dataset), naming the mirror folder that would do instead."""
+    import datasets
+
+    key = f"{use.keys[0]}.source"
+    hub = parse_hub(use.source, key)
+    try:
+        return list(datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision))
+    except Exception as err:
+        raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
+                        f"revision, or {_fill(copy)}") from None
 
 
 def _fill(copy: Path | None) -> str:
@@ -245,15 +260,7 @@ def copy_local(use: Use, out: Path) -> dict[str, int]:
 
 def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[dict]]:
     """Our split -> the hub's rows for it, read lazily (streaming, at most use.max_rows per hub split)."""
-    import datasets
-
-    hub = parse_hub(use.source, key)
-    try:
-        hub_splits = datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision)
-    except Exception as err:  # network, unknown dataset, gated, bad revision: one line
-        raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
-                        f"revision, or {_fill(None)}") from None
-    parts = {split: read_records(use.source, split, key, use.max_rows) for split in hub_splits}
+    parts = {split: read_records(use.source, split, key, use.max_rows) for split in hub_splits(use)}
     if layout is None:
         return parts
     if layout.deal is not None:

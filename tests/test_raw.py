@@ -200,3 +200,24 @@ def test_a_missing_local_source_is_one_line_naming_its_key(tmp_path):
     tiny_mirror(tmp_path / "mirror")
     with pytest.raises(UserError, match=r"^tasks.sst2.source: '/no/such/folder' does not exist$"):
         read_all(params_for(tmp_path, tmp_path / "mirror", sst2="/no/such/folder"), tmp_path / "raw")
+
+
+def test_no_network_and_no_copy_is_one_line_before_anything_is_read(tmp_path, monkeypatch):
+    """Offline without HF_HUB_OFFLINE set: the hub's first answer fails, and no source is read yet."""
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "get_dataset_split_names", unreachable)
+    tiny_mirror(tmp_path / "mirror")
+    for split in ("train", "validation", "test"):
+        (tmp_path / "mirror" / "sst2" / f"{split}.jsonl.gz").unlink()
+    (tmp_path / "mirror" / "sst2").rmdir()
+    with pytest.raises(UserError) as info:
+        read_all(params_for(tmp_path, tmp_path / "mirror"), tmp_path / "raw")
+    assert str(info.value) == (f"tasks.sst2.source: cannot read '{SST2}' from the hub (ConnectionError: Couldn't reach "
+                               f"'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)); check the id and revision, or "
+                               f"put a copy in {tmp_path / 'mirror' / 'sst2'} (one <split>.jsonl.gz per split)")
+    assert not (tmp_path / "raw").exists() or not any((tmp_path / "raw").iterdir())
