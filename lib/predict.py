@@ -19,7 +19,6 @@ references to this module by name, which the logged copy of `lib` (code_paths) r
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
@@ -34,12 +33,12 @@ from lib import runtime
 from lib.classifier import META_FILE, Classifier, load_classifier
 from lib.errors import UserError
 from lib.tasks import Example, collate, encode
+from lib.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.trainer import resolve_device
 
 if TYPE_CHECKING:
     import pandas as pd
 
-TOKENIZER_FILE, TOKENIZER_META_FILE = "tokenizer.json", "tokenizer_meta.json"
 ARTIFACT = "classifier"  # the key of the folder among the pyfunc model's artifacts
 PROBABILITY_PREFIX = "p_"  # pyfunc output: a p_<label> column per class beside "label"
 # What the logged model imports, pinned to the versions it was logged with. cloudpickle unpickles the
@@ -92,13 +91,10 @@ class TextClassifier:
                             f"{model.head_cfg.n_classes}-class head; re-run the finetune stage")
         try:
             tokenizer = Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))
-            specials = json.loads((model_dir / TOKENIZER_META_FILE).read_text(encoding="utf-8"))["special_tokens"]
-            special = {role: int(specials[role]["id"]) for role in ("pad", "bos", "eos")}
         except Exception as err:  # tokenizers raises a bare Exception for a missing or corrupt file
-            raise UserError(f"{model_dir}: cannot read the tokenizer ({TOKENIZER_FILE}, {TOKENIZER_META_FILE}: "
-                            f"{type(err).__name__}: {err}); copy them from the tokenizer the classifier was "
-                            "trained with") from None
-        return cls(model, tokenizer, label_names, encoding, special, torch_device, resolved)
+            raise UserError(f"{model_dir / TOKENIZER_FILE}: cannot read the tokenizer ({type(err).__name__}: {err}); "
+                            "copy it from the tokenizer the classifier was trained with") from None
+        return cls(model, tokenizer, label_names, encoding, saved_special_ids(model_dir), torch_device, resolved)
 
     @property
     def pairs(self) -> bool:

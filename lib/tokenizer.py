@@ -19,11 +19,10 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from lib.config import SpecialTokens, TokenizerConfig
-from lib.errors import UserError
+from lib.errors import UserError, describe
 from lib.io import atomic_dir, file_sha256, write_json
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -117,6 +116,8 @@ def train_with(tokenizer: Tokenizer, trainer_class: type, text: TrainingText, cf
 
 def train_unigram(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> Tokenizer:
     """Train a sentencepiece Unigram model, save it as spm.model and return the equivalent Tokenizer."""
+    import sentencepiece as spm  # here: reading a saved tokenizer (prediction, a served model) needs no sentencepiece
+
     specials = cfg.special_tokens
     # One sentence per line: sentencepiece skips over-long sentences, and articles are long.
     lower = normalizers.Lowercase().normalize_str  # exactly what the Tokenizer will do to its input
@@ -156,6 +157,8 @@ def spm_error_message(error: str, cfg: TokenizerConfig) -> str:
 
 def unigram_from_spm(model_proto: bytes, lowercase: bool) -> Tokenizer:
     """A `tokenizers` Unigram tokenizer that splits text exactly like the sentencepiece model."""
+    import sentencepiece as spm
+
     sp = spm.SentencePieceProcessor(model_proto=model_proto)
     vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
     tokenizer = Tokenizer(models.Unigram(vocab, unk_id=sp.unk_id(), byte_fallback=True))
@@ -242,12 +245,15 @@ def read_meta(tokenizer_dir: str | Path) -> dict:
 
 def saved_special_ids(tokenizer_dir: str | Path) -> dict[str, int]:
     """Role -> id of the special tokens a saved tokenizer (tokenizer_meta.json in `tokenizer_dir`, beside
-    every model the chain writes) was trained with: what a later stage encodes with, whatever
-    params.yaml's tokenizer section says now."""
+    every model the chain writes) was trained with: what a later stage, or a prediction, encodes with,
+    whatever params.yaml's tokenizer section says now."""
+    path = Path(tokenizer_dir) / META_FILE
     try:
-        return {role: read_meta(tokenizer_dir)["special_tokens"][role]["id"] for role in ROLES}
-    except (KeyError, TypeError):
-        raise UserError(f"{Path(tokenizer_dir) / META_FILE}: no special token ids; train the tokenizer again") from None
+        specials = json.loads(path.read_text(encoding="utf-8"))["special_tokens"]
+        return {role: int(specials[role]["id"]) for role in ROLES}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: no special token ids ({describe(err)}); copy it from the tokenizer the model "
+                        "was trained with (data/tokens/tokenizer)") from None
 
 
 def special_ids(tokenizer: Tokenizer, specials: SpecialTokens) -> dict[str, int]:
