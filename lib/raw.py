@@ -216,7 +216,10 @@ def hub_splits(use: Use, copy: Path | None = None) -> list[str]:
     """The splits the hub publishes for `use.source`; one UserError line if it cannot say (no network,
     an unknown id or revision, a gated dataset), naming the mirror folder that would do instead."""
     import datasets
+    from huggingface_hub.utils import logging as hub_logging
 
+    # its warning per retry (five when there is no network) would bury the one line that says what to do
+    hub_logging.set_verbosity_error()
     key = f"{use.keys[0]}.source"
     hub = parse_hub(use.source, key)
     try:
