@@ -161,10 +161,10 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
                 splits = fetch(use, origin, tmp)
                 (tmp / IDENTITY_FILE).write_text(json.dumps({"identity": identity, "rows": splits}, indent=2,
                                                             sort_keys=True) + "\n", encoding="utf-8")
-        report[name] = {"source": use.source, "used_by": use.keys, "origin": origin, "rows": splits,
+        report[name] = {"source": use.source, "used_by": use.keys, "origin": _shown(origin), "rows": splits,
                         "seconds": round(time.perf_counter() - started, 2)}
         print(f"data: {name}: {sum(splits.values()):,} rows ({', '.join(f'{s} {n:,}' for s, n in splits.items())}) "
-              f"<- {origin}", flush=True)
+              f"<- {_shown(origin)}", flush=True)
     for stale in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in named):
         shutil.rmtree(stale)
         print(f"data: {stale.name}: no source uses it any more, removed", flush=True)
@@ -227,6 +227,15 @@ def hub_splits(use: Use, copy: Path | None = None) -> list[str]:
     except Exception as err:
         raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
                         f"revision, or {_fill(copy)}") from None
+
+
+def _shown(origin: str) -> str:
+    """An origin with its folder relative to the project root (`mirror ../shared/data/imdb`), as params
+    name it: the metrics file then reads the same on every machine."""
+    kind, _, where = origin.partition(" ")
+    if kind == "mirror":
+        return f"{kind} {os.path.relpath(where, project_root())}"
+    return origin
 
 
 def _fill(copy: Path | None) -> str:
