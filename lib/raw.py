@@ -119,8 +119,8 @@ def raw_name(source: str, key: str) -> str:
     layout = layout_of(source, key)
     if layout is not None:
         return layout.name
-    if source.startswith(HUB_PREFIX) and not Path(parse_hub(source, key).repo).is_dir():
-        hub = parse_hub(source, key)
+    hub = parse_hub(source, key) if source.startswith(HUB_PREFIX) else None
+    if hub is not None and not Path(hub.repo).is_dir():
         return _slug("--".join(filter(None, (hub.repo.replace("/", "--"), hub.config))))
     digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:8]
     return f"{_slug(Path(source.removeprefix(HUB_PREFIX).partition('@')[0]).name.split('.')[0])}-{digest}"
@@ -149,13 +149,16 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     mirror = None if params.data.mirror is None else _from_root(params.data.mirror)
     named = uses(params)
-    plans = {name: (use, identity_of(use), origin_of(use, name, mirror)) for name, use in named.items()}
+    identities = {name: identity_of(use) for name, use in named.items()}
+    # only what is to be read is asked for (the hub may be offline for one already read)
+    plans = {name: origin_of(use, name, mirror) for name, use in named.items()
+             if _kept_rows(out / name, identities[name]) is None}
     report = {}
-    for name, (use, identity, origin) in plans.items():
+    for name, use in named.items():
         started = time.perf_counter()
-        kept = _read_identity(out / name)
-        if kept is not None and kept["identity"] == identity:
-            origin, splits = "kept: read earlier with the same identity", kept["rows"]
+        identity, origin = identities[name], plans.get(name)
+        if origin is None:
+            origin, splits = "kept: read earlier with the same identity", _kept_rows(out / name, identity)
         else:
             with atomic_dir(out / name) as tmp:
                 splits = fetch(use, origin, tmp)
@@ -175,8 +178,8 @@ def up_to_date(params: Params, out: Path) -> bool:
     """Every source of `params` is in `out` with its identity, and nothing else is."""
     named = uses(params)
     kept = {p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")} if out.is_dir() else set()
-    return kept == set(named) and all(
-        (_read_identity(out / name) or {}).get("identity") == identity_of(use) for name, use in named.items())
+    return kept == set(named) and all(_kept_rows(out / name, identity_of(use)) is not None
+                                      for name, use in named.items())
 
 
 def identity_of(use: Use) -> dict[str, Any]:
@@ -188,11 +191,13 @@ def identity_of(use: Use) -> dict[str, Any]:
     return identity
 
 
-def _read_identity(folder: Path) -> dict[str, Any] | None:
+def _kept_rows(folder: Path, identity: dict[str, Any]) -> dict[str, int] | None:
+    """Rows per split of what `folder` holds when it was read with `identity`, else None."""
     try:
-        return json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+        kept = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return kept["rows"] if isinstance(kept, dict) and kept.get("identity") == identity else None
 
 
 def origin_of(use: Use, name: str, mirror: Path | None) -> str:

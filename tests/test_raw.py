@@ -221,3 +221,17 @@ def test_no_network_and_no_copy_is_one_line_before_anything_is_read(tmp_path, mo
                                f"'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)); check the id and revision, or "
                                f"put a copy in {tmp_path / 'mirror' / 'sst2'} (one <split>.jsonl.gz per split)")
     assert not (tmp_path / "raw").exists() or not any((tmp_path / "raw").iterdir())
+
+
+def test_a_source_read_earlier_needs_neither_mirror_nor_hub(tmp_path, monkeypatch):
+    """Offline, with the mirror gone: a local task that changed is read, the hub datasets already in
+    data/raw are kept, and nothing asks the hub for them."""
+    tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}])
+    read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(local)), tmp_path / "raw")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}, {"text": "bad", "label": 0}])
+    report = read_all(params_for(tmp_path, tmp_path / "gone", sst2=str(local)), tmp_path / "raw")
+    assert report["imdb"]["origin"].startswith("kept") and report["wikipedia_en"]["origin"].startswith("kept")
+    assert report[raw_name(str(local), "k")]["rows"] == {"train": 2}
