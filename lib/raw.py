@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from lib.config import HUB_PREFIX, Params
-from lib.errors import UserError, describe
+from lib.errors import UserError
 from lib.io import JsonlGzWriter, atomic_dir, file_sha256, project_root
-from lib.sources import data_suffix, local_files, parse_hub, read_records
+from lib.sources import data_suffix, list_splits, local_files, parse_hub, read_records
 
 # Bump when the rows written for an unchanged source change (a new mapping, another row format):
 # data/raw/<name>/source.json carries it, and a name read with another FORMAT is read again.
@@ -150,15 +150,15 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     mirror = None if params.data.mirror is None else _from_root(params.data.mirror)
     named = uses(params)
     identities = {name: identity_of(use) for name, use in named.items()}
+    kept = {name: _kept_rows(out / name, identity) for name, identity in identities.items()}
     # only what is to be read is asked for (the hub may be offline for one already read)
-    plans = {name: origin_of(use, name, mirror) for name, use in named.items()
-             if _kept_rows(out / name, identities[name]) is None}
+    plans = {name: origin_of(use, name, mirror) for name, use in named.items() if kept[name] is None}
     report = {}
     for name, use in named.items():
         started = time.perf_counter()
         identity, origin = identities[name], plans.get(name)
         if origin is None:
-            origin, splits = "kept: read earlier with the same identity", _kept_rows(out / name, identity)
+            origin, splits = "kept: read earlier with the same identity", kept[name]
         else:
             with atomic_dir(out / name) as tmp:
                 splits = fetch(use, origin, tmp)
@@ -220,18 +220,14 @@ def origin_of(use: Use, name: str, mirror: Path | None) -> str:
 def hub_splits(use: Use, copy: Path | None = None) -> list[str]:
     """The splits the hub publishes for `use.source`; one UserError line if it cannot say (no network,
     an unknown id or revision, a gated dataset), naming the mirror folder that would do instead."""
-    import datasets
     from huggingface_hub.utils import logging as hub_logging
 
     # its warning per retry (five when there is no network) would bury the one line that says what to do
     hub_logging.set_verbosity_error()
-    key = f"{use.keys[0]}.source"
-    hub = parse_hub(use.source, key)
     try:
-        return list(datasets.get_dataset_split_names(hub.repo, hub.config, revision=hub.revision))
-    except Exception as err:
-        raise UserError(f"{key}: cannot read '{use.source}' from the hub ({describe(err)}); check the id and "
-                        f"revision, or {_fill(copy)}") from None
+        return list_splits(use.source, f"{use.keys[0]}.source")
+    except UserError as err:
+        raise UserError(f"{err}; check the id and revision, or {_fill(copy)}") from None
 
 
 def _shown(origin: str) -> str:

@@ -217,7 +217,7 @@ def test_no_network_and_no_copy_is_one_line_before_anything_is_read(tmp_path, mo
     (tmp_path / "mirror" / "sst2").rmdir()
     with pytest.raises(UserError) as info:
         read_all(params_for(tmp_path, tmp_path / "mirror"), tmp_path / "raw")
-    assert str(info.value) == (f"tasks.sst2.source: cannot read '{SST2}' from the hub (ConnectionError: Couldn't reach "
+    assert str(info.value) == (f"tasks.sst2.source: cannot load '{SST2}' (ConnectionError: Couldn't reach "
                                f"'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)); check the id and revision, or "
                                f"put a copy in {tmp_path / 'mirror' / 'sst2'} (one <split>.jsonl.gz per split)")
     assert not (tmp_path / "raw").exists() or not any((tmp_path / "raw").iterdir())
