@@ -1,7 +1,9 @@
 """The transformer encoder/decoder shared by every objective (CLM, MLM, ELECTRA) and every stage.
 
 One stack covers GPT-2 (causal, pre-LN), BERT (bidirectional, post-LN, segments) and ALBERT
-(factorised embeddings, one shared block). Positions are learned, sinusoidal (added to the
+(factorised embeddings, one shared block). The fields beyond params.yaml's model section (activation,
+LayerNorm eps, an embedding LayerNorm or none, the LM head's shape, RoBERTa's position offset, BERT's
+pooler) let a published BERT, RoBERTa, DistilBERT, ELECTRA or GPT-2 checkpoint load exactly (lib/hf.py). Positions are learned, sinusoidal (added to the
 embeddings), RoPE (rotating q and k) or ALiBi (a per-head distance bias on the attention scores).
 Attention is torch's scaled_dot_product_attention, so fused kernels are used where they apply.
 """
@@ -24,6 +26,8 @@ from lib.errors import UserError
 from lib.io import atomic_dir
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}  # name -> F.gelu's `approximate` (GPT-2's "gelu_new" is tanh)
+LM_HEADS = ("mlp", "linear")  # BERT's dense-GELU-LayerNorm-decoder, or GPT-2's decoder alone (no bias)
 MIN_HEAD_SIZE = 16  # scaled(): narrower heads carry too little per head to attend usefully
 ROPE_BASE = 10000.0
 # The embedding table and LM decoder get rows up to a multiple of this: a vocabulary like GPT-2's
@@ -38,6 +42,12 @@ class TransformerConfig(ModelConfig):
 
     vocab_size: int
     causal: bool = False  # causal (CLM) or bidirectional attention
+    activation: str = "gelu"  # of the feed-forward layers and the LM head: gelu (exact) | gelu_tanh
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT's checkpoints use 1e-12)
+    embedding_norm: bool = True  # LayerNorm after the embeddings (BERT); GPT-2 has none
+    lm_head: str = "mlp"  # see LM_HEADS
+    position_offset: int = 0  # learned positions start at this row (RoBERTa: padding_idx + 1 = 2)
+    pooler: bool = False  # BERT's pooler (dense + tanh on the [CLS] state), kept when a checkpoint has one
 
     def __post_init__(self):
         # params.yaml is checked with key names when it is loaded; this catches configs built in code
@@ -45,6 +55,12 @@ class TransformerConfig(ModelConfig):
             raise ValueError(f"position {self.position!r}: expected one of {', '.join(POSITIONS)}")
         if self.norm not in ("pre", "post"):
             raise ValueError(f"norm {self.norm!r}: expected pre or post")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r}: expected one of {', '.join(ACTIVATIONS)}")
+        if self.lm_head not in LM_HEADS:
+            raise ValueError(f"lm_head {self.lm_head!r}: expected one of {', '.join(LM_HEADS)}")
+        if not 0 <= self.position_offset < self.max_positions:
+            raise ValueError(f"position_offset {self.position_offset} must be in [0, max_positions)")
         try:
             self.validate("model")
         except ParamsError as err:
@@ -75,6 +91,17 @@ class TransformerConfig(ModelConfig):
     @property
     def head_size(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the position table covers (ALiBi has none and extrapolates)."""
+        return self.max_positions - self.position_offset
+
+    def layer_norm(self, dim: int) -> nn.LayerNorm:
+        return nn.LayerNorm(dim, eps=self.norm_eps)
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate=ACTIVATIONS[self.activation])
 
 
 def init_weights(module: nn.Module) -> None:
@@ -120,7 +147,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 class Embeddings(nn.Module):
-    """token (+ learned/sinusoidal positions) (+ segment) -> LayerNorm -> dropout, all of width E."""
+    """token (+ learned/sinusoidal positions) (+ segment) -> LayerNorm (unless embedding_norm is off)
+    -> dropout, all of width E."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -132,7 +160,7 @@ class Embeddings(nn.Module):
         elif cfg.position == "sinusoidal":  # fixed: a buffer, not a parameter, and not saved
             self.register_buffer("sinusoids", sinusoids(cfg.max_positions, dim), persistent=False)
         self.segment = nn.Embedding(cfg.segment_vocab, dim) if cfg.segment_vocab else None
-        self.norm = nn.LayerNorm(dim)
+        self.norm = cfg.layer_norm(dim) if cfg.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.apply(init_weights)
 
@@ -140,7 +168,8 @@ class Embeddings(nn.Module):
         x = self.token(input_ids)
         T = input_ids.shape[1]
         if self.cfg.position == "learned":
-            x = x + self.position(torch.arange(T, device=input_ids.device))
+            offset = self.cfg.position_offset
+            x = x + self.position(torch.arange(offset, offset + T, device=input_ids.device))
         elif self.cfg.position == "sinusoidal":
             x = x + self.sinusoids[:T]
         if self.segment is not None:  # no segment ids = all segment 0, as in BERT
@@ -171,12 +200,13 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        self.cfg = cfg
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+        return self.dropout(self.fc2(self.cfg.act(self.fc1(x))))
 
 
 class Block(nn.Module):
@@ -185,9 +215,9 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.ln1 = cfg.layer_norm(cfg.d_model)
         self.attn = SelfAttention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ln2 = cfg.layer_norm(cfg.d_model)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None) -> torch.Tensor:
@@ -199,16 +229,32 @@ class Block(nn.Module):
 
 
 class LMHead(nn.Module):
-    """BERT's prediction head: dense d_model->E, GELU, LayerNorm, then the decoder E->vocab (+ bias)."""
+    """BERT's prediction head (lm_head "mlp"): dense d_model->E, GELU, LayerNorm, then the decoder
+    E->vocab (+ bias); or GPT-2's (lm_head "linear"): the decoder alone, no bias."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.dense = nn.Linear(cfg.d_model, cfg.embedding_dim)
-        self.norm = nn.LayerNorm(cfg.embedding_dim)
-        self.decoder = nn.Linear(cfg.embedding_dim, cfg.padded_vocab)
+        self.cfg = cfg
+        if cfg.lm_head == "mlp":
+            self.dense = nn.Linear(cfg.d_model, cfg.embedding_dim)
+            self.norm = cfg.layer_norm(cfg.embedding_dim)
+        self.decoder = nn.Linear(cfg.embedding_dim, cfg.padded_vocab, bias=cfg.lm_head == "mlp")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(F.gelu(self.dense(x))))
+        if self.cfg.lm_head == "mlp":
+            x = self.norm(self.cfg.act(self.dense(x)))
+        return self.decoder(x)
+
+
+class Pooler(nn.Module):
+    """BERT's pooler: dense + tanh on the first ([CLS]) state, what its sentence-level heads read."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
 
 
 class Transformer(nn.Module):
@@ -222,8 +268,9 @@ class Transformer(nn.Module):
         self.embeddings = embeddings if embeddings is not None else Embeddings(cfg)
         self.project = nn.Linear(cfg.embedding_dim, cfg.d_model) if cfg.embedding_dim != cfg.d_model else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(1 if cfg.share_layers else cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()  # post-LN ends normed
+        self.norm = cfg.layer_norm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()  # post-LN ends normed
         self.head = LMHead(cfg)
+        self.pooler = Pooler(cfg) if cfg.pooler else None
         if cfg.position == "rope":
             cos, sin = rope_cache(cfg.max_positions, cfg.head_size)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -232,8 +279,9 @@ class Transformer(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
         # Initialise what this model owns; shared embeddings keep their (possibly trained) weights.
-        for module in (self.project, self.blocks, self.head):
-            module.apply(init_weights)
+        for module in (self.project, self.blocks, self.head, self.pooler):
+            if module is not None:
+                module.apply(init_weights)
         for block in self.blocks:  # GPT-2: each residual branch adds variance; 2 branches per layer
             for proj in (block.attn.proj, block.mlp.fc2):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
@@ -246,8 +294,8 @@ class Transformer(nn.Module):
         With output_hidden_states, also the embedding output and each layer's output (before the
         final norm of pre-LN), n_layers + 1 tensors."""
         T = input_ids.shape[1]
-        if T > self.cfg.max_positions and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
-            raise ValueError(f"sequence length {T} > model.max_positions ({self.cfg.max_positions}) "
+        if T > self.cfg.max_length and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
+            raise ValueError(f"sequence length {T} > the {self.cfg.max_length} positions of the model "
                              f"for {self.cfg.position} positions; shorten the sequences or raise model.max_positions")
         x = self.project(self.embeddings(input_ids, segment_ids))
         mask = self.attention_bias(attention_mask, T)
@@ -294,7 +342,8 @@ class Transformer(nn.Module):
         Each parameter appears once (the tied decoder weight sits with the embeddings)."""
         groups = [[*self.embeddings.parameters(), *self.project.parameters()]]
         groups += [list(block.parameters()) for block in self.blocks]
-        groups.append([*self.norm.parameters(), *self.head.parameters()])
+        groups.append([*self.norm.parameters(), *self.head.parameters(),
+                       *(self.pooler.parameters() if self.pooler is not None else ())])
         seen: set[int] = set()
         unique = []
         for group in groups:
@@ -340,11 +389,17 @@ def save_model(model: Transformer, out_dir: Path) -> None:
 
 def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
     """Rebuild the model from config.json and load its weights strictly; returned in eval mode
-    (call .train() to train it)."""
+    (call .train() to train it). A Hugging Face checkpoint folder (BERT, RoBERTa, DistilBERT, ELECTRA,
+    GPT-2) loads too, through lib.hf, with transformers' hidden states."""
     model_dir = Path(model_dir)
     config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
     try:
-        cfg = TransformerConfig(**json.loads(config_path.read_text(encoding="utf-8")))
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if "model_type" in config:
+            from lib.hf import import_model  # lib.hf builds on this module
+
+            return import_model(model_dir).model.to(device)
+        cfg = TransformerConfig(**config)
     except (OSError, ValueError, TypeError) as err:  # missing, not JSON, unknown/invalid fields
         raise UserError(f"{config_path}: cannot build the model config ({one_line(err)}); "
                         "point at a folder written by save_model") from None

@@ -1,0 +1,170 @@
+"""Published checkpoints read into lib.model exactly (lib/hf.py): for each family a tiny random model
+built with transformers, saved, imported and compared with transformers on real sentences; and the
+real MiniLM checkpoint in ../shared/models."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib.errors import UserError
+from lib.hf import import_model, import_tokenizer, resolve
+from lib.model import load_model
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders, processors  # noqa: E402
+
+from tests.helpers import ROOT  # noqa: E402
+
+MINILM = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2"
+SENTENCES = ["A gripping, beautifully shot film that never lets go.",
+             "The plot is thin and the dialogue is worse; I left halfway through.",
+             "It's not a masterpiece, but the lead performance carries it."]
+TOL = 1e-4
+
+
+def bpe_tokenizer(folder: Path, specials: dict[str, str], roberta: bool) -> int:
+    """A byte-level BPE trained on the sentences, saved as transformers saves one; returns its size."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(SENTENCES * 5, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(dict.fromkeys(specials.values())),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    if roberta:
+        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in specials.items()})
+    fast.save_pretrained(folder)
+    return tok.get_vocab_size()
+
+
+def build(family: str, folder: Path):
+    """A tiny random checkpoint of `family` with a tokenizer, saved to `folder`; (task model class)."""
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if family in ("bert", "electra", "distilbert"):
+        transformers.AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
+        vocab = 30522
+    elif family == "roberta":
+        vocab = bpe_tokenizer(folder, dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>", pad="<pad>",
+                                           mask="<mask>"), roberta=True)
+    else:
+        vocab = bpe_tokenizer(folder, dict(bos="<|endoftext|>", eos="<|endoftext|>", unk="<|endoftext|>"), roberta=False)
+    if family == "bert":
+        config, head = transformers.BertConfig(vocab_size=vocab, **small), transformers.BertForMaskedLM
+    elif family == "roberta":
+        pad = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+        pad_id = next(t["id"] for t in pad if t["content"] == "<pad>")
+        config = transformers.RobertaConfig(vocab_size=vocab, pad_token_id=pad_id, max_position_embeddings=66,
+                                            type_vocab_size=1, **small)
+        head = transformers.RobertaForMaskedLM
+    elif family == "electra":
+        config = transformers.ElectraConfig(vocab_size=vocab, embedding_size=16, **small)
+        head = transformers.ElectraForMaskedLM  # the generator: discriminator weights + an MLM head
+    elif family == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+        head = transformers.DistilBertForMaskedLM
+    else:
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                                         eos_token_id=0)
+        head = transformers.GPT2LMHeadModel
+    model = head(config)
+    with torch.no_grad():  # non-trivial LayerNorms and biases, so a mapping mistake shows
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name or "ln_" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder)
+    return head
+
+
+def compare(folder: Path, head_class=None) -> None:
+    """Same ids as AutoTokenizer, same hidden states as AutoModel, same LM logits as the head class."""
+    imported = import_model(folder)
+    tokenizer, roles, _ = import_tokenizer(folder, imported.model.cfg.vocab_size)
+    reference = transformers.AutoTokenizer.from_pretrained(folder)
+    pairs = [(SENTENCES[0], None), (SENTENCES[1], SENTENCES[2])]
+    for a, b in pairs:
+        expected = reference(a, b)["input_ids"]
+        assert tokenizer.encode(a, b).ids == expected
+    reference.pad_token = reference.pad_token or reference.eos_token  # GPT-2 has none; padding is masked anyway
+    batch = reference(SENTENCES, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    segments = batch.get("token_type_ids")
+    auto = transformers.AutoModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = auto(**batch).last_hidden_state
+        ours = imported.model(batch["input_ids"], segments if imported.model.cfg.segment_vocab else None, mask)
+        assert (expected - ours)[mask].abs().max() < TOL  # padding positions are masked out of everything
+        if head_class is not None:
+            logits = head_class.from_pretrained(folder).eval()(**batch).logits
+            assert (logits - imported.model.lm_logits(ours))[mask].abs().max() < TOL
+    # lib.model.load_model, the README's one-call loader, takes the folder as it is
+    assert torch.equal(load_model(folder).embeddings.token.weight, imported.model.embeddings.token.weight)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "gpt2"])
+def test_family_imports_exactly(family, tmp_path):
+    head = build(family, tmp_path)
+    compare(tmp_path, head)
+    assert not import_model(tmp_path).fresh
+
+
+def test_electra_discriminator_keeps_encoder_and_names_missing_head(tmp_path):
+    transformers.AutoTokenizer.from_pretrained(MINILM).save_pretrained(tmp_path)
+    transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    )).save_pretrained(tmp_path)
+    compare(tmp_path)
+    imported = import_model(tmp_path)
+    assert {k.rsplit(".", 1)[0] for k in imported.fresh} == {"head.dense", "head.norm", "head.decoder"}
+    assert all(k.startswith("discriminator_predictions") for k in imported.unused)
+
+
+@pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")
+def test_minilm_checkpoint_imports_exactly():
+    compare(MINILM)
+    imported = import_model(MINILM)
+    assert imported.family == "bert" and imported.model.cfg.pooler
+    assert {k.rsplit(".", 1)[0] for k in imported.fresh} == {"head.dense", "head.norm", "head.decoder"}
+    _, roles, lowercase = import_tokenizer(MINILM, 30522)
+    assert roles == {"pad": "[PAD]", "unk": "[UNK]", "bos": "[CLS]", "eos": "[SEP]", "mask": "[MASK]"} and lowercase
+
+
+def test_bad_checkpoints_say_what_is_wrong_in_one_line(tmp_path):
+    def error(folder) -> str:
+        with pytest.raises(UserError) as info:
+            import_model(folder)
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    assert "model_type 't5' is not supported; supported: bert, roberta, electra, distilbert, gpt2" in error(tmp_path)
+    (tmp_path / "config.json").unlink()
+    assert "not a Hugging Face model config" in error(tmp_path)
+    build("bert", tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    assert "no model.safetensors or pytorch_model.bin" in error(tmp_path)
+    torch.save({"state": {"nested": torch.zeros(1)}}, tmp_path / "pytorch_model.bin")
+    assert "not a plain state dict of tensors" in error(tmp_path)
+    torch.save(transformers.BertModel(transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+    )).state_dict(), tmp_path / "pytorch_model.bin")
+    assert import_model(tmp_path).fresh  # a plain pickled state dict loads (a bare BertModel: no LM head)
+    (tmp_path / "tokenizer.json").write_text(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")).to_str())
+    tokenizer_json = json.loads((tmp_path / "tokenizer.json").read_text())
+    tokenizer_json["model"]["vocab"] = {f"t{i}": i for i in range(40000)}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    with pytest.raises(UserError, match="40000 tokens, but the model has 30522 embeddings"):
+        import_tokenizer(tmp_path, 30522)
+
+
+def test_hub_id_offline_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError) as info:
+        resolve("hf:someone/not-cached@main", tmp_path, mirror=None)
+    assert str(info.value).startswith("init: cannot download someone/not-cached@main from the Hugging Face hub")
+    assert "set init to that local folder" in str(info.value) and "\n" not in str(info.value)
+    mirror = tmp_path / "mirror" / "all-MiniLM-L6-v2"
+    mirror.mkdir(parents=True)
+    assert resolve("hf:sentence-transformers/all-MiniLM-L6-v2", tmp_path, mirror="mirror") == mirror
