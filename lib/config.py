@@ -62,6 +62,8 @@ class DataConfig:
     # a folder of offline copies, one folder per dataset named as in data/raw (e.g. imdb, sst2,
     # wikipedia_en), relative to the project root; null = always the hub
     mirror: str | None = "../shared/data"
+    # offline copies of hub checkpoints for `init: hf:<org>/<name>`, one folder per <name>; null = the hub
+    models_mirror: str | None = "../shared/models"
 
 
 @dataclass
@@ -317,6 +319,13 @@ class TrainConfig:
 
 
 @dataclass
+class PretrainConfig(TrainConfig):
+    # with `init` set: keep passes the checkpoint on unchanged; continue pretrains it further on
+    # corpora.pretrain with the objective that fits it (lib.objectives.fitting_objective)
+    with_init: Literal["keep", "continue"] = "keep"
+
+
+@dataclass
 class AdaptConfig(TrainConfig):
     """ULMFiT step 2: continue the pretraining objective on the target domain's unlabeled text."""
 
@@ -500,6 +509,9 @@ class Params:
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda"] = "auto"
     objective: Objective = "mlm"
+    # a published checkpoint to start from (lib/hf.py): a folder in Hugging Face layout (relative to the
+    # project root) or hf:<repo id>[@revision]; null = train the tokenizer and pretrain from scratch
+    init: str | None = None
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
@@ -507,7 +519,7 @@ class Params:
     model: ModelConfig = field(default_factory=ModelConfig)
     mlm: MLMConfig = field(default_factory=MLMConfig)
     electra: ElectraConfig = field(default_factory=ElectraConfig)
-    pretrain: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -515,6 +527,9 @@ class Params:
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     def validate(self, key: str) -> None:
+        if self.init is not None and not self.init.removeprefix(HUB_PREFIX).partition("@")[0].strip("/ "):
+            raise ParamsError(f"init: '{self.init}' names no checkpoint; write a folder, hf:<org>/<name>[@revision] "
+                              "or null (pretrain from scratch)")
         for name in self.tasks:
             check_task_name(name)
         for name in ("pretrain", "adapt"):

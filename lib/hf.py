@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,11 @@ import torch
 from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
+from lib.config import Params
 from lib.errors import UserError, describe
+from lib.io import atomic_dir, project_root
 from lib.model import Transformer, TransformerConfig
+from lib.tokenizer import write_folder
 
 HUB_PREFIX = "hf:"
 CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE = (
@@ -50,14 +52,6 @@ class ImportedModel:
     family: str
     fresh: list[str]  # our tensor names the checkpoint did not have (initialised fresh)
     unused: list[str]  # checkpoint tensors not mapped (heads of other tasks)
-
-
-def is_checkpoint(folder: Path) -> bool:
-    """Whether `folder` holds a Hugging Face model (its config.json names a model_type)."""
-    try:
-        return "model_type" in json.loads((Path(folder) / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 def resolve(spec: str, root: Path, mirror: str | None, key: str = "init") -> Path:
@@ -323,11 +317,21 @@ def describe_import(imported: ImportedModel, spec: str) -> str:
     return line
 
 
-def copy_tokenizer_files(folder: Path, out_dir: Path) -> None:
-    """Copy the files transformers needs to rebuild the checkpoint's tokenizer (vocab, merges)."""
-    for name in ("vocab.txt", "vocab.json", "merges.txt"):
-        if (Path(folder) / name).is_file():
-            shutil.copy2(Path(folder) / name, Path(out_dir) / name)
+def checkpoint_folder(params: Params) -> Path:
+    """The local folder of params.init (downloaded or taken from the mirror when it is a hub id)."""
+    return resolve(params.init, project_root(), params.data.models_mirror)
+
+
+def save_tokenizer(folder: Path, spec: str, out_dir: Path) -> Tokenizer:
+    """The checkpoint's tokenizer as a tokenizer folder of this pipeline (lib.tokenizer.write_folder),
+    written whole or not at all; returns it."""
+    cfg, family = read_config(folder)
+    tokenizer, roles, lowercase = import_tokenizer(folder, cfg.vocab_size)
+    algorithm = json.loads(tokenizer.to_str())["model"]["type"].lower()
+    with atomic_dir(out_dir) as tmp:
+        write_folder(tokenizer, roles, tmp, {"algorithm": algorithm, "lowercase": lowercase, "init": spec,
+                                             "family": family})
+    return tokenizer
 
 
 if __name__ == "__main__":  # python -m lib.hf <folder>: what an import would do

@@ -19,11 +19,13 @@ from lib import distributed, runtime
 from lib.checkpoint import fingerprint
 from lib.config import Params, TrainConfig
 from lib.data import WindowBatches, fixed_windows
+from lib.errors import UserError
+from lib.hf import ImportedModel, checkpoint_folder, describe_import, import_model
 from lib.io import atomic_dir, write_csv, write_json
 from lib.model import Transformer
-from lib.objectives import Objective, save_objective
+from lib.objectives import Objective, build_objective, fitting_objective, save_objective
 from lib.packed import PackedTokens
-from lib.tokenizer import tokenizer_sha256
+from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.trainer import Trainer, resolve_device
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
@@ -97,6 +99,33 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     write_outputs(metrics, state.history, paths, run)
     shutil.rmtree(paths.checkpoints, ignore_errors=True)  # the model is out: nothing left to resume
     return metrics
+
+
+def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Objective, ImportedModel]:
+    """(the objective that fits params.init's checkpoint, its backbone holding the checkpoint's weights;
+    the import, for what it did not have). The tokenizer folder must be the checkpoint's."""
+    made_for = read_meta(tokenizer_dir).get("init")
+    if made_for != params.init:
+        raise UserError(f"{tokenizer_dir}: made for init {made_for}, not {params.init}; rerun the tokenizer stage")
+    imported = import_model(checkpoint_folder(params))
+    print(describe_import(imported, params.init), flush=True)
+    name = fitting_objective(params.objective, imported.model.cfg)
+    if name != params.objective:
+        print(f"objective: {params.objective} does not fit a {imported.family} checkpoint; training it with {name}",
+              flush=True)
+    arch = imported.model.cfg
+    objective = build_objective(name, params, arch.vocab_size, saved_special_ids(tokenizer_dir), arch)
+    objective.backbone().load_state_dict(imported.model.state_dict())
+    return objective, imported
+
+
+def keep_checkpoint(params: Params, objective: Objective, imported: ImportedModel, paths: LMPaths, run: Any) -> None:
+    """pretrain.with_init keep: the checkpoint goes on as the pretrained model, with no curves."""
+    save_model_folder(objective, paths.tokenizer, paths.out)
+    metrics = {"init": params.init, "family": imported.family, "kept": True, "objective": objective.name,
+               "params": objective.backbone().num_params(), "fresh": sorted(imported.fresh)}
+    write_outputs(metrics, [], paths, run)
+    print(f"pretrain.with_init is keep: {params.init} goes on unchanged", flush=True)
 
 
 def save_model_folder(objective: Objective, tokenizer_dir: Path, out: Path) -> None:

@@ -392,20 +392,31 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transform
     (call .train() to train it). A Hugging Face checkpoint folder (BERT, RoBERTa, DistilBERT, ELECTRA,
     GPT-2) loads too, through lib.hf, with transformers' hidden states."""
     model_dir = Path(model_dir)
-    config_path, weights_path = model_dir / CONFIG_FILE, model_dir / MODEL_FILE
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        if "model_type" in config:
-            from lib.hf import import_model  # lib.hf builds on this module
+    if is_hf_config(model_dir / CONFIG_FILE):
+        from lib.hf import import_model  # lib.hf builds on this module
 
-            return import_model(model_dir).model.to(device)
-        cfg = TransformerConfig(**config)
+        return import_model(model_dir).model.to(device)
+    model = Transformer(read_config(model_dir))
+    load_weights(model, model_dir / MODEL_FILE, model_dir / CONFIG_FILE)
+    return model.to(device).eval()
+
+
+def read_config(model_dir: Path) -> TransformerConfig:
+    """The config of a model folder save_model wrote."""
+    config_path = Path(model_dir) / CONFIG_FILE
+    try:
+        return TransformerConfig(**json.loads(config_path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError) as err:  # missing, not JSON, unknown/invalid fields
         raise UserError(f"{config_path}: cannot build the model config ({one_line(err)}); "
                         "point at a folder written by save_model") from None
-    model = Transformer(cfg)
-    load_weights(model, weights_path, config_path)
-    return model.to(device).eval()
+
+
+def is_hf_config(config_path: Path) -> bool:
+    """Whether config.json is a Hugging Face model's (it names a model_type), not save_model's."""
+    try:
+        return "model_type" in json.loads(Path(config_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def load_weights(module: nn.Module, weights_path: Path, config_path: Path) -> None:

@@ -202,20 +202,26 @@ def add_specials(tokenizer: Tokenizer, specials: SpecialTokens) -> None:
 
 
 def save(tokenizer: Tokenizer, cfg: TokenizerConfig, text: TrainingText, out_dir: Path) -> None:
-    """tokenizer.json, the two transformers config files and tokenizer_meta.json."""
+    """A trained tokenizer's folder (see write_folder)."""
+    write_folder(tokenizer, dict(zip(ROLES, cfg.special_tokens.as_list())), out_dir, {
+        "algorithm": cfg.algorithm, "requested_vocab_size": cfg.vocab_size, "lowercase": cfg.lowercase,
+        "train_docs": text.docs, "train_chars": text.chars})
+
+
+def write_folder(tokenizer: Tokenizer, named: dict[str, str], out_dir: Path, meta: dict[str, Any]) -> None:
+    """tokenizer.json, the two transformers config files and tokenizer_meta.json (`meta` + vocabulary
+    size + each role's token and id), for a tokenizer trained here or taken from a checkpoint.
+    `named`: role (ROLES) -> its special token."""
     tokenizer.save(str(out_dir / TOKENIZER_FILE))
-    named = dict(zip(ROLES, cfg.special_tokens.as_list()))
-    hf_specials = {f"{role}_token": token for role, token in named.items()}
+    hf_specials = {f"{role}_token": named[role] for role in ROLES}
     hf_specials.update(cls_token=named["bos"], sep_token=named["eos"])  # BERT-style code asks for these
     write_json(out_dir / "special_tokens_map.json", hf_specials)
     # "PreTrainedTokenizerFast" rather than transformers 5's "TokenizersBackend": both 4.x and 5.x load it.
     write_json(out_dir / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **hf_specials})
     write_json(out_dir / META_FILE, {
-        "algorithm": cfg.algorithm, "vocab_size": tokenizer.get_vocab_size(),
-        "requested_vocab_size": cfg.vocab_size, "lowercase": cfg.lowercase,
-        "special_tokens": {role: {"token": token, "id": tokenizer.token_to_id(token)} for role, token in named.items()},
-        "train_docs": text.docs, "train_chars": text.chars})
+        **meta, "vocab_size": tokenizer.get_vocab_size(),
+        "special_tokens": {role: {"token": named[role], "id": tokenizer.token_to_id(named[role])} for role in ROLES}})
 
 
 def load_tokenizer(tokenizer_dir: str | Path) -> Tokenizer:

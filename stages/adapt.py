@@ -1,7 +1,8 @@
 """Stage `adapt` (ULMFiT step 2): continue the pretraining objective on the target domain's text.
 
 Loads the pretrained model (--model) and trains it further with the same objective on the domain's
-packed tokens (default: IMDb train + unsup, never IMDb test), with discriminative LRs (each layer
+packed tokens (default: IMDb train + unsup, never IMDb test; with `init`, the objective that fits the
+checkpoint: mlm for an encoder, clm for GPT-2), with discriminative LRs (each layer
 group's LR is the one above it / adapt.lr_decay) and the slanted triangular schedule. Reports the
 domain validation metrics before and after. With `adapt.enabled: false` the pretrained model goes to
 --out unchanged and the metrics say so, so that the value of adapting can be measured.
@@ -17,7 +18,8 @@ from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.lm import CURVES, LMPaths, train_language_model
-from lib.objectives import build_objective, load_objective
+from lib.model import read_config
+from lib.objectives import build_objective, fitting_objective, load_objective
 from lib.tokenizer import load_tokenizer, saved_special_ids
 
 
@@ -47,9 +49,13 @@ def main() -> None:
             print("adapt.enabled is false: the pretrained model goes on unchanged", flush=True)
             return
         torch.manual_seed(params.seed)
-        tokenizer = load_tokenizer(args.model)
-        objective = build_objective(params.objective, params, tokenizer.get_vocab_size(), saved_special_ids(args.model))
-        if not load_objective(objective, args.model) and params.objective == "electra":
+        if params.init:  # the checkpoint's shape, and the objective that fits it (as pretrain chose)
+            arch = read_config(args.model)
+            name, vocab_size = fitting_objective(params.objective, arch), arch.vocab_size
+        else:
+            arch, name, vocab_size = None, params.objective, load_tokenizer(args.model).get_vocab_size()
+        objective = build_objective(name, params, vocab_size, saved_special_ids(args.model), arch)
+        if not load_objective(objective, args.model) and name == "electra":
             print(f"warning: {args.model} has no ELECTRA generator; adapting with a fresh one", flush=True)
         paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
         metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, keyed_on,

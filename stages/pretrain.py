@@ -4,6 +4,9 @@ Writes the pretrained model (`model.safetensors` + `config.json` + the tokenizer
 ELECTRA `objective.safetensors` with the generator) to --out, final metrics to the metrics JSON and
 the training/validation curves as plot CSVs. Checkpoints go to --checkpoints while it runs: killed
 and started again, it resumes from the last one.
+
+With `init` set the model is the checkpoint's (lib/hf.py), trained with the objective that fits it;
+`pretrain.with_init: keep` writes it out unchanged (no curves), `continue` pretrains it further.
 """
 import argparse
 from pathlib import Path
@@ -14,7 +17,7 @@ from lib import distributed, tracking
 from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.io import check_writable
-from lib.lm import LMPaths, train_language_model
+from lib.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
 from lib.objectives import build_objective
 from lib.tokenizer import load_tokenizer, saved_special_ids
 
@@ -36,11 +39,18 @@ def main() -> None:
     if distributed.relaunch(params.impl, "stages.pretrain"):
         return
     torch.manual_seed(params.seed)
-    tokenizer = load_tokenizer(args.tokenizer)
-    objective = build_objective(params.objective, params, tokenizer.get_vocab_size(), saved_special_ids(args.tokenizer))
     paths = LMPaths(args.tokenizer, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
     with tracking.stage_run("pretrain", params.tracking, params, keyed_on) as run:
-        train_language_model("pretrain", params, params.pretrain, objective, paths, run, keyed_on)
+        if not params.init:
+            objective = build_objective(params.objective, params, load_tokenizer(args.tokenizer).get_vocab_size(),
+                                        saved_special_ids(args.tokenizer))
+            train_language_model("pretrain", params, params.pretrain, objective, paths, run, keyed_on)
+            return
+        objective, imported = objective_from_checkpoint(params, args.tokenizer)
+        if params.pretrain.with_init == "keep":
+            keep_checkpoint(params, objective, imported, paths, run)
+        else:
+            train_language_model("pretrain", params, params.pretrain, objective, paths, run, keyed_on)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Stage `tokenizer`: train a tokenizer on cleaned pretraining text, encode the corpora to packed tokens.
 
+With `init` set, the checkpoint's own tokenizer (its vocabulary, lowercasing and special tokens) is
+taken instead of training one (lib/hf.py), and the corpora are encoded with it.
+
 Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram) and, for
 each corpus and split, `<corpus>/<split>.{bin,idx,wstart,json}`, replaced together, so token files
 never meet another vocabulary (each records the SHA-256 of the tokenizer.json that encoded it, and
@@ -16,7 +19,8 @@ from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.packed import PackedTokens, encode_to_packed
-from lib.tokenizer import tokenizer_sha256, train_tokenizer
+from lib.hf import checkpoint_folder, save_tokenizer
+from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 
@@ -35,10 +39,14 @@ def main() -> None:
 
     with tracking.stage_run("tokenizer", params.tracking, params, stage_params(params, "tokenizer")) as run:
         with atomic_dir(args.out) as out:
-            tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER)
+            if params.init:
+                tokenizer = save_tokenizer(checkpoint_folder(params), params.init, out / TOKENIZER)
+            else:
+                tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER)
             vocab_size, signature = tokenizer.get_vocab_size(), tokenizer_sha256(out / TOKENIZER)
-            eos_id = tokenizer.token_to_id(cfg.special_tokens.eos)
-            metrics: dict = {"vocab_size": vocab_size, "algorithm": cfg.algorithm}
+            eos_id = saved_special_ids(out / TOKENIZER)["eos"]
+            metrics: dict = {"vocab_size": vocab_size, "algorithm": read_meta(out / TOKENIZER)["algorithm"],
+                             "init": params.init}
             for corpus in CORPORA:
                 for split in (TRAIN, VALID):
                     prefix = out / corpus / split

@@ -3,7 +3,7 @@
 An objective owns its model(s) and turns a batch of token windows into a loss; the trainer knows
 nothing else about it. The contract:
 
-    objective = build_objective(name, params, vocab_size, special_ids)
+    objective = build_objective(name, params, vocab_size, special_ids[, arch])
     loss, metrics = objective(tokens, word_starts)  # (B, T+1) windows of packed documents
     model = objective.backbone()                     # the Transformer later stages fine-tune
 
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from lib.config import Params
 from lib.errors import UserError
-from lib.model import Transformer, load_model, save_model
+from lib.model import Transformer, TransformerConfig, load_model, save_model
 
 
 class Objective(nn.Module):
@@ -36,10 +36,16 @@ class Objective(nn.Module):
     name: ClassVar[str]
     causal: ClassVar[bool]
 
-    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
+                 arch: TransformerConfig | None = None):
         super().__init__()
         self.vocab_size = vocab_size
         self.special_ids = dict(special_ids)
+        # the backbone's shape: params.yaml's model section, or a checkpoint's (init)
+        self.arch = arch or TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
+        if self.arch.causal != self.causal:
+            raise UserError(f"objective: {self.name} needs a {'causal' if self.causal else 'bidirectional'} model; "
+                            f"use {fitting_objective(self.name, self.arch)}")
 
     def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """tokens (B, T+1) long, word_starts (B, T+1) bool -> (scalar loss, detached scalar metrics)."""
@@ -61,10 +67,19 @@ def register(cls: type[Objective]) -> type[Objective]:
     return cls
 
 
-def build_objective(name: str, params: Params, vocab_size: int, special_ids: dict[str, int]) -> Objective:
+def build_objective(name: str, params: Params, vocab_size: int, special_ids: dict[str, int],
+                    arch: TransformerConfig | None = None) -> Objective:
     if name not in OBJECTIVES:
         raise UserError(f"objective: '{name}' is not one of {', '.join(sorted(OBJECTIVES))}")
-    return OBJECTIVES[name](params, vocab_size, special_ids)
+    return OBJECTIVES[name](params, vocab_size, special_ids, arch)
+
+
+def fitting_objective(name: str, arch: TransformerConfig) -> str:
+    """`name` if it trains a model shaped like `arch` (a checkpoint's), else the one that does: clm for
+    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional checkpoint)."""
+    if OBJECTIVES[name].causal == arch.causal:
+        return name
+    return "clm" if arch.causal else "mlm"
 
 
 for _module in pkgutil.iter_modules(__path__):  # each objective module registers itself on import

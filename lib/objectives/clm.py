@@ -20,9 +20,10 @@ class CausalLM(Objective):
     name = "clm"
     causal = True
 
-    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
-        super().__init__(params, vocab_size, special_ids)
-        self.model = Transformer(TransformerConfig.from_params(params.model, vocab_size, causal=self.causal))
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
+                 arch: TransformerConfig | None = None):
+        super().__init__(params, vocab_size, special_ids, arch)
+        self.model = Transformer(self.arch)
 
     def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]

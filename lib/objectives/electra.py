@@ -41,11 +41,12 @@ class Electra(Objective):
     name = "electra"
     causal = False
 
-    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
-        super().__init__(params, vocab_size, special_ids)
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
+                 arch: TransformerConfig | None = None):
+        super().__init__(params, vocab_size, special_ids, arch)
         self.masking = params.mlm
         self.disc_weight = params.electra.disc_weight
-        cfg = TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
+        cfg = self.arch
         self.discriminator = Transformer(cfg)
         self.generator = Transformer(cfg.scaled(params.electra.generator_width), embeddings=self.discriminator.embeddings)
         self.disc_head = nn.Linear(cfg.d_model, 1)

@@ -29,10 +29,11 @@ class MaskedLM(Objective):
     name = "mlm"
     causal = False
 
-    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int]):
-        super().__init__(params, vocab_size, special_ids)
+    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
+                 arch: TransformerConfig | None = None):
+        super().__init__(params, vocab_size, special_ids, arch)
         self.masking = params.mlm
-        self.model = Transformer(TransformerConfig.from_params(params.model, vocab_size, causal=self.causal))
+        self.model = Transformer(self.arch)
         if self.masking.sentence != "none":
             width = self.model.cfg.d_model
             self.sentence_head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))
