@@ -1,5 +1,6 @@
 """`dvc plots show` / `dvc plots diff` draw offline: the project's HTML template carries the chart libraries
 DVC's default page loads from a CDN (.dvc/plots/offline.html, set as plots.html_template)."""
+import json
 import re
 import shutil
 import subprocess
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from dvc.repo import Repo
 from dvc_render.vega import VegaRenderer
 
@@ -32,6 +34,20 @@ def test_the_template_inlines_the_libraries_dvc_asks_the_cdn_for():
     assert not re.search(r"<script[^>]*\bsrc=", page)
     # DVC puts its CDN <script> tags where a template says {scripts}: this one must not say it
     assert "{plot_divs}" in page and "{scripts}" not in page
+
+
+def test_every_declared_plot_is_committed():
+    """A fresh clone shows every plot dvc.yaml declares. A declared plot folder missing from a revision
+    (the stage never ran there, or it wrote no file: git keeps no empty folder) is what DVC calls
+    "file type error ... Only JSON, YAML, CSV and TSV formats are supported"."""
+    shown = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json"], cwd=ROOT, capture_output=True,
+                           text=True, check=True)
+    errors = json.loads(shown.stdout).get("errors") or []
+    assert not errors, [f"{e['rev']} {e['name']}: {e['msg']}" for e in errors]
+    committed = subprocess.run(["git", "ls-files", "plots"], cwd=ROOT, capture_output=True, text=True, check=True)
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"].values()
+    declared = [path for stage in stages for plot in stage.get("plots", []) for path in plot]
+    assert declared and all(any(f == d or f.startswith(f"{d}/") for f in committed.stdout.split()) for d in declared)
 
 
 def offline_dom(page: Path) -> str:
