@@ -23,7 +23,7 @@ ANNOTATED_MAX_CLASSES = 20
 FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
-         "frozen": "frozen features + linear"}
+         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR"}
 
 
 def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),
@@ -113,7 +113,7 @@ def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
 def _score_range(values: list[float]) -> tuple[float, float]:
     """A zero-based score axis in %, to 100: a gap of a point looks like one (negative scores, e.g. MCC,
     extend it below zero)."""
-    return min(0.0, min(values) - 5.0), 100.0
+    return (min(values) - 5.0 if min(values) < 0 else 0.0), 100.0
 
 
 def _bars(ax, labels: list[str], values: list[float], errors: list[float], title: str, xlabel: str) -> None:
@@ -191,17 +191,22 @@ def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
 
 
 def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
-    """The confusion matrix of each model that has one (rows: true label, columns: predicted); counts
-    and label names on small ones, colour alone (label indices on the axes) on large ones."""
+    """The confusion matrix of each model that has one (rows: true label, columns: predicted), on one
+    colour scale from zero; counts and label names on small ones, colour alone (label indices on the
+    axes) on large ones."""
     matrices = r["confusion"]
     labels = r["label_names"]
+    # one colour scale from zero for every panel: the same count is the same colour, and a near-uniform
+    # matrix looks near-uniform (each panel's own min-to-max scale made 12 vs 18 look like white vs navy)
+    largest = max(max(map(max, matrix)) for matrix in matrices.values()) or 1
     fig, axes = plt.subplots(1, len(matrices), figsize=(2.8 * len(matrices) + 0.4, 3.2), squeeze=False)
     for ax, (role, matrix) in zip(axes[0], matrices.items()):
-        ax.imshow(matrix, cmap="Blues")
+        ax.imshow(matrix, cmap="Blues", vmin=0, vmax=largest)
         if len(labels) <= ANNOTATED_MAX_CLASSES:
             for i, row in enumerate(matrix):
-                for j, count in enumerate(row):
-                    ax.text(j, i, str(count), ha="center", va="center", fontsize=LABEL_SIZE)
+                for j, count in enumerate(row):  # white on the dark half of the colour scale, black on the light
+                    ax.text(j, i, str(count), ha="center", va="center", fontsize=LABEL_SIZE,
+                            color="white" if count > largest / 2 else "black")
             ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE, rotation=30)
             ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
         ax.set_xlabel("predicted", fontsize=LABEL_SIZE)

@@ -184,7 +184,7 @@ def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     return figures
 
 
-def describe_provenance(params_path: Path, run: tracking.StageRun, runtime_facts: dict) -> dict[str, str]:
+def describe_provenance(params_path: str | Path, run: tracking.StageRun, runtime_facts: dict) -> dict[str, str]:
     """What produced this report, for its header, so that a copy read later says whether it is current:
     the commit (as the MLflow runs are tagged), date, DVC experiment, params, MLflow parent run, machine."""
     tags = tracking.run_tags("evaluate")
@@ -193,7 +193,7 @@ def describe_provenance(params_path: Path, run: tracking.StageRun, runtime_facts
     return {"commit": f"`{tags['git.commit'][:12]}`{dirty}",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "DVC experiment": f"`{tags['dvc.exp_name']}`",
-            "params.yaml": f"sha256 `{hashlib.sha256(params_path.read_bytes()).hexdigest()[:12]}`",
+            "params.yaml": f"sha256 `{hashlib.sha256(Path(params_path).read_bytes()).hexdigest()[:12]}`",
             "MLflow parent run": f"`{run.parent_id}`" if run.parent_id else "none (tracking off or MLflow unavailable)",
             "machine": f"CPU {cpu_model()}, {runtime_facts['threads']} threads{gpu}; "
                        f"models scored in {runtime_facts['precision']}"}

@@ -61,7 +61,7 @@ def test_provenance_names_commit_experiment_params_run_and_machine(tmp_path, mon
     monkeypatch.setattr(tracking, "run_tags", lambda stage: {"git.commit": "0123456789abcdef", "git.dirty": "true",
                                                              "dvc.exp_name": "wordpiece"})
     facts = {"device": "cpu", "threads": 2, "precision": "fp32"}
-    about = stages.evaluate.describe_provenance(params, tracking.StageRun(run_id="r", parent_id="p1"), facts)
+    about = stages.evaluate.describe_provenance(str(params), tracking.StageRun(run_id="r", parent_id="p1"), facts)
     assert about["commit"] == "`0123456789ab` with uncommitted changes"
     assert about["DVC experiment"] == "`wordpiece`" and about["MLflow parent run"] == "`p1`"
     assert about["params.yaml"] == "sha256 `adf0396d435b`"  # sha256sum of 'seed: 1\n'

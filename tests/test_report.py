@@ -109,3 +109,11 @@ def test_speed_axes_start_at_zero(tmp_path, monkeypatch):
     assert ax.get_ylim() == (0.0, 100.0) and ax.get_xlim()[0] == 0.0
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["imdb teacher: 84.0, 10.0 ms",
                                                                     "imdb student: 83.0, 5.0 ms"]
+
+
+def test_confusion_panels_share_one_colour_scale_from_zero(tmp_path, monkeypatch):
+    """A near-uniform matrix (40/10/6/44 beside 41/9/8/42) is not stretched over the whole colour range."""
+    figures = drawn_figures(monkeypatch)
+    confusion_figure("imdb", RESULTS["imdb"], tmp_path / "c.png")
+    assert [ax.images[0].get_clim() for ax in figures[0].axes] == [(0, 44), (0, 44)]
+    assert figures[0].axes[0].get_title() == "imdb: teacher (best finetuned)"
