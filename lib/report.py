@@ -117,10 +117,11 @@ def _score_range(values: list[float]) -> tuple[float, float]:
 
 
 def _bars(ax, labels: list[str], values: list[float], errors: list[float], title: str, xlabel: str) -> None:
-    """Horizontal bars, top to bottom in the order given, each with its value written at its end."""
+    """Horizontal bars, top to bottom in the order given, each with its value written past its end (and
+    past its error bar)."""
     ax.barh(range(len(labels)), values, xerr=errors, color="tab:blue", height=0.6)
-    for i, value in enumerate(values):
-        ax.annotate(f"{value:.1f}", (max(value, 0.0), i), xytext=(3, 0), textcoords="offset points",
+    for i, (value, error) in enumerate(zip(values, errors)):
+        ax.annotate(f"{value:.1f}", (max(value + error, 0.0), i), xytext=(3, 0), textcoords="offset points",
                     va="center", fontsize=LABEL_SIZE)
     ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
     ax.set_ylim(len(labels) - 0.5, -0.5)
@@ -145,9 +146,9 @@ def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
                            task, f"{metric} (%) on {split}"))
         elif scores:
             model, score = next(iter(scores.items()))
-            single.append((f"{task}: {row_label(model, r['splits'][split])}", 100 * score[metric], f"{metric}, {split}"))
+            single.append((f"{task}: {row_label(model, r['splits'][split])}", 100 * score[metric], f"{metric} on {split}"))
     if single:
-        panels.append(([f"{label} ({what})" for label, _, what in single], [value for _, value, _ in single],
+        panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
                        [0.0] * len(single), "tasks with one model only", "score (%)"))
     if not panels:
         return None

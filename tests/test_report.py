@@ -96,7 +96,7 @@ def test_scores_merge_the_tasks_with_one_model_into_one_panel(tmp_path, monkeypa
     imdb, shared = figures[0].axes
     assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 5
     assert [t.get_text() for t in shared.get_yticklabels()] == [
-        "rte: TF-IDF + LR (all 2,233 train) (accuracy, validation)", "cola: TF-IDF + LR (all 80 train) (mcc, validation)"]
+        "rte: TF-IDF + LR (all 2,233 train), accuracy on validation", "cola: TF-IDF + LR (all 80 train), mcc on validation"]
     assert imdb.get_xlim() == (0.0, 100.0) and shared.get_xlim() == (-15.0, 100.0)  # MCC may be negative
     assert figures[0].get_size_inches()[0] * report.DPI == 770
 
