@@ -1,7 +1,8 @@
 """The evaluate stage's human report: reports/summary.md and its PNG figures, from metrics/evaluate.json.
 
-DVC's own plots (`dvc plots show`) load their chart library from a CDN; the PNGs here open anywhere,
-offline included, and are attached to the MLflow parent run with the summary.
+The PNGs open anywhere (a markdown viewer, MLflow's artifact view), without DVC; they are attached to
+the MLflow parent run with the summary. Scores are drawn on zero-based axes, so a gap of a point
+between two models looks like one.
 """
 from __future__ import annotations
 
@@ -17,20 +18,25 @@ FINETUNE_ORDER = ("ulmfit", "plain", "from_scratch", "frozen")
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
 # there, and drawing one text per cell took minutes (300 classes: 250 s)
 ANNOTATED_MAX_CLASSES = 20
+# Figures 7 inches wide at 110 dpi (770 px): readable on a laptop screen and in MLflow's artifact view
+# without zooming, their labels at 9-10 pt
+FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
-         "frozen": "frozen features + linear"}
+         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR"}
 
 
-def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = ()) -> list[Path]:
-    """summary.md and figures into out_dir (which must exist); returns the files written. `warnings`
-    (plain sentences, e.g. a stage a time limit stopped early) open the summary."""
+def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),
+                 provenance: dict[str, str] | None = None) -> list[Path]:
+    """summary.md and figures into out_dir (which must exist); returns the files written. `provenance`
+    (what produced the results: commit, date, params, run, machine; label -> markdown) heads the summary,
+    so a stale copy says so; `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow."""
     figures = [scores_figure(results, out_dir / "scores.png"), speed_figure(results, out_dir / "speed.png")]
     figures += [confusion_figure(task, r, out_dir / f"confusion_{task}.png")
                 for task, r in results.items() if r.get("confusion")]
     figures = [f for f in figures if f is not None]
     summary = out_dir / "summary.md"
-    summary.write_text(markdown(results, [f.name for f in figures], warnings), encoding="utf-8")
+    summary.write_text(markdown(results, [f.name for f in figures], warnings, provenance), encoding="utf-8")
     return [summary, *figures]
 
 
@@ -44,8 +50,11 @@ def fmt(score: dict[str, Any] | None, metric: str) -> str:
     return text
 
 
-def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = ()) -> str:
-    lines = ["# Evaluation summary", "", *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
+def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = (),
+             provenance: dict[str, str] | None = None) -> str:
+    about = [f"- {label}: {value}" for label, value in (provenance or {}).items()]
+    lines = ["# Evaluation summary", "", *about, *([""] if about else []),
+             *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
              "Every score below was measured by the pipeline on the split named, on the examples the finetune "
              "stage evaluates (`finetune.max_eval_examples`). Finetune variants are mean ± std over seeds. "
              "The best epoch of every model was picked on a dev set carved out of train, never on these splits.", ""]
@@ -101,67 +110,110 @@ def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
     return r["splits"][next(iter(r["splits"]))]["scores"]
 
 
+def _score_range(values: list[float]) -> tuple[float, float]:
+    """A zero-based score axis in %, to 100: a gap of a point looks like one (negative scores, e.g. MCC,
+    extend it below zero)."""
+    return (min(values) - 5.0 if min(values) < 0 else 0.0), 100.0
+
+
+def _bars(ax, labels: list[str], values: list[float], errors: list[float], title: str, xlabel: str) -> None:
+    """Horizontal bars, top to bottom in the order given, each with its value written past its end (and
+    past its error bar)."""
+    ax.barh(range(len(labels)), values, xerr=errors, color="tab:blue", height=0.6)
+    for i, (value, error) in enumerate(zip(values, errors)):
+        ax.annotate(f"{value:.1f}", (max(value + error, 0.0), i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=LABEL_SIZE)
+    ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(*_score_range(values))
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_title(title, fontsize=TITLE_SIZE, loc="left")
+    ax.grid(axis="x", alpha=0.3)
+
+
 def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
-    """One panel per task: each model's score on the task's first split (error bars: std over seeds)."""
-    tasks = list(results)
-    if not tasks:
-        return None
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        r, metric = results[task], results[task]["metric"]
-        split = next(iter(r["splits"]))
+    """A panel per task with more than one model (each model's score on the task's first split, error
+    bars: std over seeds), stacked; the tasks scored by one model alone (a baseline: not finetuned) share
+    one last panel, a bar each, rather than a panel of one bar each."""
+    panels, single = [], []
+    for task, r in results.items():
+        metric, split = r["metric"], next(iter(r["splits"]))
         scores = {m: s for m, s in r["splits"][split]["scores"].items() if metric in s}
-        names = list(scores)
-        ax.barh(range(len(names)), [100 * scores[n][metric] for n in names],
-                xerr=[100 * scores[n].get(f"{metric}_std", 0.0) for n in names], color="tab:blue")
-        ax.set_yticks(range(len(names)), [row_label(n, r["splits"][split]) for n in names], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(f"{metric} (%) on {split}")
-        ax.set_title(task)
+        if len(scores) > 1:
+            panels.append(([row_label(m, r["splits"][split]) for m in scores],
+                           [100 * s[metric] for s in scores.values()],
+                           [100 * s.get(f"{metric}_std", 0.0) for s in scores.values()],
+                           task, f"{metric} (%) on {split}"))
+        elif scores:
+            model, score = next(iter(scores.items()))
+            single.append((f"{task}: {row_label(model, r['splits'][split])}", 100 * score[metric], f"{metric} on {split}"))
+    if single:
+        panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
+                       [0.0] * len(single), "tasks with one model only", "score (%)"))
+    if not panels:
+        return None
+    heights = [len(labels) for labels, *_ in panels]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(FIGURE_WIDTH, 0.3 * sum(heights) + 1.0 * len(panels)),
+                             gridspec_kw={"height_ratios": [h + 2 for h in heights]})
+    for ax, panel in zip(axes[:, 0], panels):
+        _bars(ax, *panel)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
 def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
-    """Score against CPU latency (batch 1, p50) for the teacher and student of each task."""
-    points = [(task, role, e["cpu"]["p50_ms"], _first_split_scores(r)[role][r["metric"]])
+    """Score against CPU latency (batch 1, p50) for the teacher and student of each task, both axes from
+    zero; the legend names each point with its score and latency (labels beside points close in score
+    would overlap)."""
+    points = [(task, role, e["cpu"]["p50_ms"], 100 * _first_split_scores(r)[role][r["metric"]])
               for task, r in results.items() for role, e in r.get("efficiency", {}).items()
               if role in _first_split_scores(r)]
     if not points:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 4.5))
+    colours = {task: f"C{i}" for i, task in enumerate(dict.fromkeys(task for task, *_ in points))}
     for task, role, ms, score in points:
-        ax.scatter(ms, 100 * score, marker="o" if role == "teacher" else "s")
-        ax.annotate(f"{task} {role}", (ms, 100 * score), fontsize=8, xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("CPU latency, batch 1, p50 (ms)")
-    ax.set_ylabel("score (%)")
-    ax.set_title("Score vs latency")
+        ax.scatter(ms, score, marker="o" if role == "teacher" else "s", s=45, color=colours[task],
+                   label=f"{task} {role}: {score:.1f}, {ms:.1f} ms")
+    ax.set_xlim(0, 1.1 * max(ms for _, _, ms, _ in points))
+    ax.set_ylim(*_score_range([score for *_, score in points]))
+    ax.legend(fontsize=LABEL_SIZE, loc="lower right")
+    ax.set_xlabel("CPU latency, batch 1, p50 (ms)", fontsize=LABEL_SIZE)
+    ax.set_ylabel("score (%)", fontsize=LABEL_SIZE)
+    ax.tick_params(labelsize=LABEL_SIZE)
+    ax.set_title("Score vs latency (o teacher, □ student)", fontsize=TITLE_SIZE, loc="left")
+    ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
 def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
-    """The confusion matrix of each model that has one (rows: true label, columns: predicted); counts
-    and label names on small ones, colour alone (label indices on the axes) on large ones."""
+    """The confusion matrix of each model that has one (rows: true label, columns: predicted), on one
+    colour scale from zero; counts and label names on small ones, colour alone (label indices on the
+    axes) on large ones."""
     matrices = r["confusion"]
     labels = r["label_names"]
-    fig, axes = plt.subplots(1, len(matrices), figsize=(3.6 * len(matrices), 3.4), squeeze=False)
+    # one colour scale from zero for every panel: the same count is the same colour, and a near-uniform
+    # matrix looks near-uniform (each panel's own min-to-max scale made 12 vs 18 look like white vs navy)
+    largest = max(max(map(max, matrix)) for matrix in matrices.values()) or 1
+    fig, axes = plt.subplots(1, len(matrices), figsize=(2.8 * len(matrices) + 0.4, 3.2), squeeze=False)
     for ax, (role, matrix) in zip(axes[0], matrices.items()):
-        ax.imshow(matrix, cmap="Blues")
+        ax.imshow(matrix, cmap="Blues", vmin=0, vmax=largest)
         if len(labels) <= ANNOTATED_MAX_CLASSES:
             for i, row in enumerate(matrix):
-                for j, count in enumerate(row):
-                    ax.text(j, i, str(count), ha="center", va="center", fontsize=9)
-            ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=30)
-            ax.set_yticks(range(len(labels)), labels, fontsize=8)
-        ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
-        ax.set_title(f"{task}: {role}")
+                for j, count in enumerate(row):  # white on the dark half of the colour scale, black on the light
+                    ax.text(j, i, str(count), ha="center", va="center", fontsize=LABEL_SIZE,
+                            color="white" if count > largest / 2 else "black")
+            ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE, rotation=30)
+            ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
+        ax.set_xlabel("predicted", fontsize=LABEL_SIZE)
+        ax.set_ylabel("true", fontsize=LABEL_SIZE)
+        ax.set_title(f"{task}: {ROLES.get(role, role)}", fontsize=TITLE_SIZE)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

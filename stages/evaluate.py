@@ -9,12 +9,16 @@ finetune.max_eval_examples of them), it scores:
 - TF-IDF + logistic regression trained on the same train examples and on the whole train split;
 - zero-shot prompting of the adapted LM where evaluate.zero_shot has a prompt and the LM is causal.
 It times teacher and student (size, CPU latency at batch 1, throughput at a batch), on the GPU too
-when there is one, and writes metrics/evaluate.json, DVC plot data under --plots, and reports/
-(summary.md + PNG figures), attached with the metrics to the MLflow parent run; the teacher and
-student are logged as MLflow pyfunc models.
+when there is one, and writes metrics/evaluate.json, DVC plot data under --plots (confusion matrices
+of teacher, student and the TF-IDF baseline), and reports/ (summary.md, headed by the commit, params
+digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to the
+MLflow parent run; the teacher and student are logged as MLflow pyfunc models.
 """
 import argparse
+import hashlib
 import json
+import platform
+from datetime import datetime, timezone
 from functools import partial
 from dataclasses import replace
 from pathlib import Path
@@ -72,7 +76,7 @@ def main() -> None:
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                           lm_tokenizer, special, params)
-        write_outputs(results, warnings, args, run)
+        write_outputs(results, warnings, describe_provenance(args.params, run, runtime_facts), args, run)
         for name in results:
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
@@ -121,11 +125,14 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
                 scores[variant] = {k: v for m, s in summary.get("eval", {}).items()
                                    for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
         print(f"{name} {split}: TF-IDF baseline on {len(rows.train)} train examples", flush=True)
-        scores["tfidf"] = tfidf_scores(rows, metric_names, cfg)
+        baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
+        scores["tfidf"] = tfidf_scores(baseline)
+        if first:  # every task has this one: plots/evaluate/confusion is never empty, so never missing from git
+            result["confusion"]["tfidf"] = baseline["confusion"]
         full = read_task(name, task_cfg, eval_split=split, **selection)
         if len(full.train) > len(rows.train):  # finetuning used a subset: show what all of train gives
             print(f"{name} {split}: TF-IDF baseline on all {len(full.train)} train examples", flush=True)
-            scores["tfidf_full_train"] = tfidf_scores(full, metric_names, cfg)
+            scores["tfidf_full_train"] = tfidf_scores(tfidf_baseline(full, metric_names, c_grid=tuple(cfg.tfidf_c)))
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
             zero_shot_note = zero_shot_problem(name, prompt.label_words, rows.label_names)
@@ -158,8 +165,7 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     return result
 
 
-def tfidf_scores(rows, metric_names, cfg) -> dict:
-    baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
+def tfidf_scores(baseline: dict) -> dict:
     return {**baseline["eval"], "c": baseline["c"], "seconds": baseline["seconds"]}
 
 
@@ -178,7 +184,34 @@ def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     return figures
 
 
-def write_outputs(results: dict, warnings: list[str], args, run) -> None:
+def describe_provenance(params_path: str | Path, run: tracking.StageRun, runtime_facts: dict) -> dict[str, str]:
+    """What produced this report, for its header, so that a copy read later says whether it is current:
+    the commit (as the MLflow runs are tagged), date, DVC experiment, params, MLflow parent run, machine."""
+    tags = tracking.run_tags("evaluate")
+    dirty = " with uncommitted changes" if tags["git.dirty"] == "true" else ""
+    gpu = f"; GPU {torch.cuda.get_device_name()}" if runtime_facts["device"] == "cuda" else ""
+    return {"commit": f"`{tags['git.commit'][:12]}`{dirty}",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "DVC experiment": f"`{tags['dvc.exp_name']}`",
+            "params.yaml": f"sha256 `{hashlib.sha256(Path(params_path).read_bytes()).hexdigest()[:12]}`",
+            "MLflow parent run": f"`{run.parent_id}`" if run.parent_id else "none (tracking off or MLflow unavailable)",
+            "machine": f"CPU {cpu_model()}, {runtime_facts['threads']} threads{gpu}; "
+                       f"models scored in {runtime_facts['precision']}"}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:
     write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
@@ -197,7 +230,7 @@ def write_outputs(results: dict, warnings: list[str], args, run) -> None:
         write_csv(tmp / "scores.csv", ["model", "score"], scores)
         write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
     with atomic_dir(args.report) as tmp:
-        write_report(results, tmp, warnings)
+        write_report(results, tmp, warnings, provenance)
     parent = run.parent()
     for target in (run, parent):
         for path in (args.metrics, args.plots, args.report):

@@ -1,9 +1,11 @@
 """The evaluate stage's per-task decisions, on a tiny task without running the stage."""
+import re
 from types import SimpleNamespace
 
 import pytest
 
 import stages.evaluate
+from lib import tracking
 from lib.config import EvaluateConfig, FinetuneConfig, Params, TaskConfig, ZeroShotConfig
 from tests.helpers import write_jsonl_gz
 
@@ -40,3 +42,30 @@ def test_zero_shot_with_fewer_label_words_than_classes_is_skipped_and_noted(thre
 def test_zero_shot_with_a_label_word_per_class_is_scored(three_class_task, monkeypatch):
     result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
     assert "zero_shot" in result["splits"]["validation"]["scores"] and "note" not in result
+
+
+def test_a_task_without_models_still_writes_a_confusion_plot_and_a_report(three_class_task, monkeypatch, tmp_path):
+    """The TF-IDF baseline's confusion matrix is there for every task: plots/evaluate/confusion is never an
+    empty folder, which git would drop and DVC would then call a file of an unsupported format."""
+    result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
+    assert list(result["confusion"]) == ["tfidf"] and sum(map(sum, result["confusion"]["tfidf"])) == 12
+    args = SimpleNamespace(metrics=tmp_path / "evaluate.json", plots=tmp_path / "plots", report=tmp_path / "reports")
+    stages.evaluate.write_outputs({"toy": result}, [], {"commit": "`c0ffee`"}, args, tracking.StageRun())
+    assert [p.name for p in (args.plots / "confusion").iterdir()] == ["toy_tfidf.csv"]
+    assert "- commit: `c0ffee`" in (args.report / "summary.md").read_text(encoding="utf-8")
+
+
+def test_provenance_names_commit_experiment_params_run_and_machine(tmp_path, monkeypatch):
+    params = tmp_path / "params.yaml"
+    params.write_text("seed: 1\n", encoding="utf-8")
+    monkeypatch.setattr(tracking, "run_tags", lambda stage: {"git.commit": "0123456789abcdef", "git.dirty": "true",
+                                                             "dvc.exp_name": "wordpiece"})
+    facts = {"device": "cpu", "threads": 2, "precision": "fp32"}
+    about = stages.evaluate.describe_provenance(str(params), tracking.StageRun(run_id="r", parent_id="p1"), facts)
+    assert about["commit"] == "`0123456789ab` with uncommitted changes"
+    assert about["DVC experiment"] == "`wordpiece`" and about["MLflow parent run"] == "`p1`"
+    assert about["params.yaml"] == "sha256 `adf0396d435b`"  # sha256sum of 'seed: 1\n'
+    assert about["machine"].startswith("CPU ") and about["machine"].endswith("2 threads; models scored in fp32")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", about["date"])
+    untracked = stages.evaluate.describe_provenance(params, tracking.StageRun(), facts)
+    assert untracked["MLflow parent run"] == "none (tracking off or MLflow unavailable)"

@@ -77,3 +77,43 @@ def test_a_large_confusion_matrix_is_drawn_by_colour_alone_and_fast(tmp_path, mo
     assert [len(ax.texts) for ax in figures[0].axes] == [0, 0]
     confusion_figure("imdb", RESULTS["imdb"], tmp_path / "small.png")
     assert [len(ax.texts) for ax in figures[1].axes] == [4, 4]  # a count per cell of the 2 x 2 matrices
+
+
+def test_provenance_heads_the_summary_before_the_warnings():
+    provenance = {"commit": "`0123456789ab` with uncommitted changes", "MLflow parent run": "`abc`"}
+    lines = markdown(RESULTS, [], ["**pretrain stopped early**: ..."], provenance).splitlines()
+    assert lines[:6] == ["# Evaluation summary", "", "- commit: `0123456789ab` with uncommitted changes",
+                         "- MLflow parent run: `abc`", "", "> **pretrain stopped early**: ..."]
+
+
+def test_scores_merge_the_tasks_with_one_model_into_one_panel(tmp_path, monkeypatch):
+    """rte has a baseline alone: it is a bar of a shared panel, not a panel of one bar; the figure is
+    as wide as the others whatever the number of tasks, its score axes from zero."""
+    figures = drawn_figures(monkeypatch)
+    tasks = {**RESULTS, "cola": {**RESULTS["rte"], "metric": "mcc", "metrics": ["mcc"], "splits": {"validation": {
+        "examples": 30, "train_examples": 80, "full_train_examples": 80, "scores": {"tfidf": {"mcc": -0.1}}}}}}
+    report.scores_figure(tasks, tmp_path / "scores.png")
+    imdb, shared = figures[0].axes
+    assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 5
+    assert [t.get_text() for t in shared.get_yticklabels()] == [
+        "rte: TF-IDF + LR (all 2,233 train), accuracy on validation", "cola: TF-IDF + LR (all 80 train), mcc on validation"]
+    assert imdb.get_xlim() == (0.0, 100.0) and shared.get_xlim() == (-15.0, 100.0)  # MCC may be negative
+    assert figures[0].get_size_inches()[0] * report.DPI == 770
+
+
+def test_speed_axes_start_at_zero(tmp_path, monkeypatch):
+    """Teacher and student a point apart (84 vs 83) look a point apart, not a whole axis apart."""
+    figures = drawn_figures(monkeypatch)
+    report.speed_figure(RESULTS, tmp_path / "speed.png")
+    ax = figures[0].axes[0]
+    assert ax.get_ylim() == (0.0, 100.0) and ax.get_xlim()[0] == 0.0
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["imdb teacher: 84.0, 10.0 ms",
+                                                                    "imdb student: 83.0, 5.0 ms"]
+
+
+def test_confusion_panels_share_one_colour_scale_from_zero(tmp_path, monkeypatch):
+    """A near-uniform matrix (40/10/6/44 beside 41/9/8/42) is not stretched over the whole colour range."""
+    figures = drawn_figures(monkeypatch)
+    confusion_figure("imdb", RESULTS["imdb"], tmp_path / "c.png")
+    assert [ax.images[0].get_clim() for ax in figures[0].axes] == [(0, 44), (0, 44)]
+    assert figures[0].axes[0].get_title() == "imdb: teacher (best finetuned)"
