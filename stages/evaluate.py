@@ -62,8 +62,8 @@ def main() -> None:
     runtime_facts = runtime.configure(replace(params.impl, precision="auto"), resolve_device(params.device))
     finetuned = read_json(args.finetune_metrics)
     distilled = read_json(args.distill_metrics)
-    warnings = [f"**{stage} stopped early**: {metrics['stopped_early']}." for stage, metrics in
-                (("pretrain", read_json(args.pretrain_metrics)), ("adapt", read_json(args.adapt_metrics)))
+    lm_metrics = {"pretrain": read_json(args.pretrain_metrics), "adapt": read_json(args.adapt_metrics)}
+    warnings = [f"**{stage} stopped early**: {metrics['stopped_early']}." for stage, metrics in lm_metrics.items()
                 if "stopped_early" in metrics]
     results = {}
     with tracking.stage_run("evaluate", params.tracking, params, stage_params(params, "evaluate")) as run:
@@ -76,7 +76,8 @@ def main() -> None:
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                           lm_tokenizer, special, params)
-        write_outputs(results, warnings, describe_provenance(args.params, run, runtime_facts), args, run)
+        provenance = {**describe_provenance(args.params, run, runtime_facts), "started from": starting_point(lm_metrics)}
+        write_outputs(results, warnings, provenance, args, run)
         for name in results:
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
@@ -197,6 +198,20 @@ def describe_provenance(params_path: str | Path, run: tracking.StageRun, runtime
             "MLflow parent run": f"`{run.parent_id}`" if run.parent_id else "none (tracking off or MLflow unavailable)",
             "machine": f"CPU {cpu_model()}, {runtime_facts['threads']} threads{gpu}; "
                        f"models scored in {runtime_facts['precision']}"}
+
+
+def starting_point(lm_metrics: dict[str, dict]) -> str:
+    """Where the language model every classifier here was finetuned from started, and what followed."""
+    pretrain, adapt = lm_metrics["pretrain"], lm_metrics["adapt"]
+    if "init" in pretrain:
+        start = (f"the published checkpoint `{pretrain['init']}` ({pretrain['family']}), "
+                 + ("kept as it is" if pretrain.get("kept") else
+                    f"pretrained further with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"))
+    else:
+        start = f"random weights, pretrained with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"
+    if adapt.get("enabled", True):
+        return f"{start}; adapted to the domain with {adapt['objective']} on {adapt['tokens_seen']:,} tokens"
+    return f"{start}; not adapted (adapt.enabled: false)"
 
 
 def cpu_model() -> str:

@@ -69,3 +69,14 @@ def test_provenance_names_commit_experiment_params_run_and_machine(tmp_path, mon
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", about["date"])
     untracked = stages.evaluate.describe_provenance(params, tracking.StageRun(), facts)
     assert untracked["MLflow parent run"] == "none (tracking off or MLflow unavailable)"
+
+
+def test_report_says_where_the_language_model_started():
+    scratch = {"pretrain": {"objective": "clm", "tokens_seen": 4_500_000},
+               "adapt": {"objective": "clm", "tokens_seen": 2_400_000}}
+    assert stages.evaluate.starting_point(scratch) == ("random weights, pretrained with clm on 4,500,000 tokens; "
+                                                       "adapted to the domain with clm on 2,400,000 tokens")
+    checkpoint = {"pretrain": {"init": "hf:org/bert", "family": "bert", "kept": True, "objective": "mlm"},
+                  "adapt": {"enabled": False, "objective": "mlm"}}
+    assert stages.evaluate.starting_point(checkpoint) == ("the published checkpoint `hf:org/bert` (bert), kept as it "
+                                                          "is; not adapted (adapt.enabled: false)")

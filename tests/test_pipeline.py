@@ -271,6 +271,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
     assert set(finetune["imdb"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
     assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
+    assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
+           "with mlm" in (repo / "reports/summary.md").read_text()
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):
