@@ -1,5 +1,5 @@
 """Progress lines on a fake clock: the ETA arithmetic, how often lines come, the one limit warning."""
-from lib.progress import Progress, duration
+from lib.progress import Progress, RunTimes, duration
 
 
 class Clock:
@@ -26,7 +26,6 @@ def test_the_eta_is_the_work_left_at_the_mean_rate_so_far():
     clock.now += 62
     p.update(250)  # 250 tokens in 62 s: 750 more take 186 s
     assert p.status() == "250/1,000 tokens (25.0%) elapsed 1m02s eta 3m06s"
-    assert p.status(eta_s=10) == "250/1,000 tokens (25.0%) elapsed 1m02s eta 10s"
 
 
 def test_a_resumed_run_counts_its_earlier_part_in_elapsed_but_not_in_its_rate():
@@ -65,8 +64,7 @@ def test_a_loop_shorter_than_every_s_prints_nothing():
 
 
 def test_a_run_the_limit_will_stop_says_so_once_with_how_far_it_will_get():
-    name = "the 1-minute safety stop (pretrain.budget_minutes)"
-    p, clock, lines = progress(limit_s=60, limit_name=name)
+    p, clock, lines = progress(limit_s=60, limit_key="pretrain.budget_minutes")
     clock.now += 10
     p.update(200)  # 20 tokens/s: done at 50 s, within the limit
     assert lines == []
@@ -74,7 +72,8 @@ def test_a_run_the_limit_will_stop_says_so_once_with_how_far_it_will_get():
     p.update(250)  # 12.5 tokens/s: 20 s + 60 s > 60 s; by 60 s it reaches 250 + 40 * 12.5 = 750
     clock.now += 10
     p.update(300)  # still too slow: no second warning
-    assert lines == [f"warning: pretrain: at this speed {name} will end the run at ~75% of its 1,000 tokens"]
+    assert lines == ["warning: pretrain: at this speed the 1-minute time limit (pretrain.budget_minutes) "
+                     "will end the run at ~75% of its 1,000 tokens"]
 
 
 def test_no_limit_no_warning():
@@ -82,3 +81,19 @@ def test_no_limit_no_warning():
     clock.now += 1000
     p.update(1)
     assert lines == []
+
+
+def test_runs_of_unequal_kinds_are_estimated_from_their_own_kind_only():
+    times = RunTimes()
+    times.add(("imdb", "ulmfit"), 100)
+    times.add(("imdb", "ulmfit"), 120)
+    times.add(("imdb", "frozen"), 4)
+    assert times.left([("imdb", "ulmfit"), ("imdb", "frozen")]) == (114, 0)
+    assert times.eta_s([("imdb", "ulmfit"), ("imdb", "frozen")]) == 114
+    assert times.left([("imdb", "frozen"), ("sst2", "ulmfit")]) == (4, 1)
+    assert times.eta_s([("imdb", "frozen"), ("sst2", "ulmfit")]) is None
+    clock, lines = Clock(), []
+    p = Progress("finetune", 16, "runs", clock, out=lines.append, estimate=lambda: times.eta_s([("imdb", "frozen")]))
+    clock.now += 300
+    p.update(3)
+    assert p.status() == "3/16 runs (18.8%) elapsed 5m00s eta 4s"
