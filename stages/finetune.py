@@ -85,8 +85,9 @@ def main() -> None:
                     times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
                     runs.update(runs.done + 1)
                     known, untimed = times.left(kinds[runs.done:])
-                    distributed.say(context, runs.line(f"  (at least {duration(known)}: {untimed} of the runs left "
-                                                       "are of a task × variant not run yet)" if untimed else ""))
+                    floor = f"at least {duration(known)}; " if known else ""
+                    distributed.say(context, runs.line(f"  ({floor}{untimed} of the runs left of a task × variant "
+                                                       "not timed yet)" if untimed else ""))
             metrics[name] = summarise(task, task_cfg.metrics, results)
             curves[name] = results
         distributed.barrier(context)  # every rank is past reading the kept runs
