@@ -12,9 +12,8 @@ The ETA is the work left at the mean rate since this process started on the loop
 whole-run mean, not a recent window, so evaluation and checkpoint pauses count as they will again,
 and a resumed run does not count the work it found done as work done fast. Where units differ in
 length (finetune's runs: a frozen probe takes seconds, ulmfit minutes) the caller passes its own
-`estimate`, such as RunTimes'. With a wall-clock limit
-(a stage's safety stop), the first time the run's projected end passes the limit it says, once, how
-far the run will get.
+`estimate`, such as RunTimes'. With a wall-clock limit (a stage's safety stop), the first time the
+run's projected end passes the limit it says, once, how far the run will get.
 """
 from __future__ import annotations
 
