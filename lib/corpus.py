@@ -14,6 +14,7 @@ from lib.clean import CleanStats, DocumentCleaner
 from lib.config import CorpusConfig, TaskConfig
 from lib.errors import UserError
 from lib.io import JsonlGzWriter
+from lib.progress import Progress
 from lib.sources import read_texts
 
 CORPORA = ("pretrain", "domain")  # the fields of lib.config.Corpora, in the order they are cleaned
@@ -36,8 +37,10 @@ def eval_texts(tasks: dict[str, TaskConfig]) -> Iterator[str]:
                                       field_key=f"tasks.{name}.{field}")
 
 
-def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path) -> dict:
-    """Clean `corpus` into out_dir/{train,valid}.jsonl.gz; return its statistics.
+def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path,
+                 progress: Progress | None = None) -> dict:
+    """Clean `corpus` into out_dir/{train,valid}.jsonl.gz; return its statistics. `progress` counts
+    the documents read.
 
     A source validation split is cleaned first, so training documents that duplicate a validation
     document are the ones dropped and the validation set stays as the source defines it."""
@@ -51,6 +54,8 @@ def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_d
         def write(split: str, text: str) -> None:
             writers[split].write({"text": text})
             chars[split] += len(text)
+            if progress is not None:
+                progress.tick(stats.docs_in)
 
         if corpus.valid_split is not None:
             for text in cleaner.run(_read(corpus, [corpus.valid_split], key), stats):
@@ -70,6 +75,12 @@ def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_d
             "mb_per_s": round(stats.chars_in / 1e6 / max(seconds, 1e-9), 2),
             **{f"{split}_docs": w.rows for split, w in writers.items()},
             **{f"{split}_chars": n for split, n in chars.items()}}
+
+
+def planned_docs(corpus: CorpusConfig, rows: dict[str, int]) -> int:
+    """The documents clean_corpus reads of `corpus`, given the rows of each split of its source."""
+    splits = [corpus.valid_split] * (corpus.valid_split is not None) + corpus.splits
+    return sum(min(rows.get(split, 0), corpus.max_docs or rows.get(split, 0)) for split in splits)
 
 
 def _read(corpus: CorpusConfig, splits: Iterable[str], key: str) -> Iterator[str]:

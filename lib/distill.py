@@ -43,9 +43,10 @@ from lib.config import DistillConfig, ImplConfig
 from lib.distributed import Context
 from lib.efficiency import parameter_count
 from lib.errors import UserError
-from lib.finetune import predict_all, scored
+from lib.finetune import predict_all, run_name, scored
 from lib.io import atomic_file
 from lib.model import Transformer
+from lib.progress import Progress
 from lib.tasks import UNLABELED, Example, TaskData, batch_indices, collate
 from lib.trainer import discriminative_groups, warmup_decay
 
@@ -157,12 +158,15 @@ def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers: list[int], summary_layers: list[int],
                     batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
-                    context: Context = Context()) -> TeacherOutputs:
+                    context: Context = Context(), label: str = "distill: teacher") -> TeacherOutputs:
     """The teacher's logits on `examples`, its states at `hidden_layers` (per real token) and its
     summary states at `summary_layers` (layers 1-based), in one forward pass over them. Under
-    torchrun each rank runs every world-th batch and every rank gets the whole."""
+    torchrun each rank runs every world-th batch and every rank gets the whole. Progress lines
+    (`label`) count this rank's batches."""
     teacher.eval()
     precision = runtime.resolve_precision(impl.precision, device)
+    groups = batch_indices(examples, batch_size)
+    progress = Progress(label, -(-len(groups) // context.world), "batches", out=lambda line: distributed.say(context, line))
 
     def outputs(group: list[int]) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         batch = collate([examples[i] for i in group], pad_id).to(device)
@@ -175,9 +179,9 @@ def teacher_outputs(teacher: Classifier, examples: list[Example], hidden_layers:
         # per example, its real tokens only; bf16 halves the memory (the losses compare in float32)
         hidden = [torch.stack([states[layer][row, :len(examples[i].ids)] for layer in hidden_layers])
                   .to(torch.bfloat16).cpu() for row, i in enumerate(group)] if hidden_layers else []
+        progress.tick(progress.done + 1)
         return logits, summary, hidden
 
-    groups = batch_indices(examples, batch_size)
     logits = torch.zeros(len(examples), teacher.head_cfg.n_classes)
     hidden: list[torch.Tensor] = [torch.empty(0)] * len(examples) if hidden_layers else []
     summary = torch.zeros(len(examples), len(summary_layers), teacher.backbone.cfg.d_model) if summary_layers else None
@@ -221,8 +225,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     fsdp = impl.strategy == "fsdp" and context.active
     if fsdp:  # the backbone, whose forward gathers its shards: teacher_outputs calls its parts, not its forward
         distributed.shard(teacher.backbone, context)
+    label = f"distill: {run_name(task.name, 'student', seed)}"
     cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
-                            cfg.batch_size * 2, pad_id, device, impl, context)
+                            cfg.batch_size * 2, pad_id, device, impl, context, f"{label} teacher labelling")
     teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
     if not fsdp:  # a sharded teacher keeps its 1/world share where it is
         teacher.to("cpu")
@@ -241,12 +246,16 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
                  "history": [], "seconds": 0.0}
     elif context.main:
         print(f"{task.name}: resuming the student after epoch {state['epoch']}", flush=True)
+    # the batches of the epochs left; the ETA assumes patience does not end the run sooner
+    progress = Progress(label, steps_per_epoch * (cfg.epochs - state["epoch"]), "batches",
+                        out=lambda line: distributed.say(context, line))
 
     while state["epoch"] < cfg.epochs and state["bad_epochs"] < cfg.patience:
         epoch_started = time.perf_counter()
         epoch = state["epoch"] + 1
         losses = train_epoch(synced, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id,
-                             optimizer, scheduler, seed * 1000 + epoch, context)
+                             optimizer, scheduler, seed * 1000 + epoch, context,
+                             lambda: progress.tick(progress.done + 1, f"  epoch {epoch} of {cfg.epochs}"))
         dev = scored(iter(predict_all(student, task.dev, cfg.batch_size * 2, pad_id, device, impl, context)), metrics,
                      n_classes, False)
         row = {"epoch": epoch, **losses, "lr": scheduler.get_last_lr()[-1], **{f"dev_{m}": v for m, v in dev.items()}}
@@ -298,8 +307,10 @@ def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: 
 def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutputs,
                 hidden_pairs: list[tuple[int, int]], summary_pairs: list[tuple[int, int]], cfg: DistillConfig,
                 impl: ImplConfig, device: torch.device, pad_id: int, optimizer: torch.optim.Optimizer,
-                scheduler: Any, seed: int, context: Context = Context()) -> dict[str, float]:
-    """One pass over the transfer set; returns the mean of each loss term (and the total) per example.
+                scheduler: Any, seed: int, context: Context = Context(),
+                on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """One pass over the transfer set, calling on_batch after each batch; returns the mean of each loss
+    term (and the total) per example.
     `synced` is the Distiller, wrapped under torchrun (DDP or FSDP): then each rank takes its share of every
     batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
     that DDP's mean over ranks is the whole batch's loss."""
@@ -341,5 +352,6 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
         optimizer.zero_grad(set_to_none=True)
         for name, value in {**terms, "loss": loss}.items():  # each rank's part of the batch's mean
             sums[name] = sums.get(name, 0.0) + value.item() / context.world * n
+        on_batch()
     totals = {name: distributed.total(context, value, device) for name, value in sorted(sums.items())}
     return {f"{name}_loss" if name != "loss" else "train_loss": total / len(transfer) for name, total in totals.items()}

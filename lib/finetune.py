@@ -35,6 +35,7 @@ from lib.classifier import Classifier, HeadConfig, lm_loss
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
 from lib.model import Transformer
+from lib.progress import Progress
 from lib.tasks import Example, TaskData, batch_indices, collate, compute_metrics, confusion_matrix
 from lib.trainer import discriminative_groups, slanted_triangular, warmup_decay
 
@@ -64,6 +65,11 @@ class Setup:
     schedule: Callable[[int, int], Callable[[int], float]]  # (total steps, steps per epoch) -> LR multiplier
     unfreeze: bool
     epochs: int
+
+
+def run_name(task: str, variant: str, seed: int) -> str:
+    """How progress lines name one run: `imdb × ulmfit × seed 1338`."""
+    return f"{task} × {variant} × seed {seed}"
 
 
 def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], float]]:
@@ -103,15 +109,16 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     only."""
     torch.manual_seed(seed)
     started = time.perf_counter()  # the probe's feature extraction counts too
+    label = f"finetune: {run_name(task.name, variant, seed)}"
     if variant == "frozen":
         probe = HeadConfig(len(task.label_names), "concat", block=False, dropout=0.0)
         model = Classifier(copy.deepcopy(adapted), probe).to(device)
-        trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context)
+        trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
         epochs = 1
     else:
         plan = setup(variant, adapted, len(task.label_names), cfg)
         model = plan.model.to(device)
-        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context)
+        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context, label)
         epochs = plan.epochs
     best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
     curve, history = [], []
@@ -143,10 +150,12 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
 
 
 class FullTrainer:
-    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids."""
+    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids; progress
+    lines (`label`) count the batches of every epoch, so their ETA is that of the whole run if
+    patience does not end it sooner."""
 
     def __init__(self, model: Classifier, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
-                 device: torch.device, pad_id: int, seed: int, context: Context = Context()):
+                 device: torch.device, pad_id: int, seed: int, context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
         self.precision = runtime.resolve_precision(impl.precision, device)
@@ -164,6 +173,8 @@ class FullTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, plan.schedule(total, self.steps_per_epoch))
         self.unfreeze_every = (cfg.unfreeze_every or self.steps_per_epoch) if plan.unfreeze else 0
         self.steps = 0
+        self.epochs = plan.epochs
+        self.progress = Progress(label, total, "batches", out=lambda line: distributed.say(context, line))
         self._set_trainable()
 
     def settings(self) -> dict[str, float]:
@@ -203,6 +214,7 @@ class FullTrainer:
             if self.unfreeze_every:
                 self._set_trainable()
             total += loss.item() / self.context.world * len(group)  # summed over the ranks: the batch's
+            self.progress.tick(self.steps, f"  epoch {epoch} of {self.epochs}")
         return distributed.total(self.context, total, self.device) / max(len(train), 1)
 
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
@@ -225,7 +237,7 @@ class ProbeTrainer:
     AdamW probe at one LR overshot on a 512-wide model's 1,536 features (train loss 0.66 -> 1.33)."""
 
     def __init__(self, model: Classifier, task: TaskData, metric: str, cfg: FinetuneConfig, impl: ImplConfig,
-                 device: torch.device, pad_id: int, context: Context = Context()):
+                 device: torch.device, pad_id: int, context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.metric, self.cfg, self.device, self.context = (
             model, task, metric, cfg, device, context)
         for p in model.backbone.parameters():
@@ -234,6 +246,9 @@ class ProbeTrainer:
         if impl.strategy == "fsdp":
             distributed.shard(model.backbone, context)
         splits = {"train": task.train, "dev": task.dev, **({"eval": task.eval} if task.eval is not None else {})}
+        # this rank's batches: distributed.spread gives it every world-th of each split's
+        mine = sum(-(-len(batch_indices(examples, cfg.batch_size * 2)) // context.world) for examples in splits.values())
+        self.progress = Progress(f"{label} features", mine, "batches", out=lambda line: distributed.say(context, line))
         raw = {name: self._features(examples, impl, pad_id) for name, examples in splits.items()}
         train_x = raw["train"][0]
         self.mean, self.std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
@@ -253,6 +268,7 @@ class ProbeTrainer:
             batch = collate([examples[i] for i in group], pad_id).to(self.device)
             with runtime.autocast(self.device, precision):
                 hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
+            self.progress.tick(self.progress.done + 1)
             return self.model.features(hidden.float(), batch.attention_mask).cpu(), batch.labels.cpu()  # CPU: ranks swap them
 
         feats, labels = zip(*distributed.spread(self.context, batch_indices(examples, self.cfg.batch_size * 2), encode))

@@ -25,8 +25,9 @@ from lib.io import atomic_dir, write_csv, write_json
 from lib.model import Transformer
 from lib.objectives import Objective, build_objective, fitting_objective, save_objective
 from lib.packed import PackedTokens
+from lib.progress import Progress
 from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
-from lib.trainer import Trainer, resolve_device
+from lib.trainer import Trainer, planned_tokens, resolve_device
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
 CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val": ["step", "tokens", "val_loss"]}
@@ -66,9 +67,11 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
         packed.check_tokenizer(tokenizer, paths.tokenizer)
     run_id = fingerprint(stage_params, tokenizer=tokenizer,
                          data=[[s.n_tokens, s.n_docs] for s in (train_tokens, valid_tokens)])
+    limit = None if cfg.budget_minutes is None else cfg.budget_minutes * 60
+    progress = Progress(stage, planned_tokens(cfg), "tokens", limit_s=limit, limit_key=f"{stage}.budget_minutes")
     trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
-                      params.seed, flops_per_token, callbacks=(run, ConsoleLog()) if context.main else (),
-                      layer_groups=layer_groups, context=context)
+                      params.seed, flops_per_token, callbacks=(run, ConsoleLog(progress)) if context.main else (),
+                      layer_groups=layer_groups, context=context, progress=progress if context.main else None)
     before = {}
     if measure_before:
         before = {f"before_val_{k}": v for k, v in trainer.evaluate().items()}
@@ -155,11 +158,16 @@ def unigram_loss(packed: PackedTokens) -> float:
 
 
 class ConsoleLog:
-    """Progress lines on stdout (DVC shows them as the stage runs)."""
+    """Progress lines on stdout (DVC shows them as the stage runs), one per logged step:
+    `<stage>: <tokens>/<planned> tokens (p%) elapsed .. eta ..  step ..  loss ..  lr ..  .. tok/s`.
+    The trainer updates `progress` before each row comes."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
 
     def on_log(self, step: int, row: dict) -> None:
-        print(f"step {step:6d}  tokens {row['tokens']:>11,}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
-              f"{row['tokens_per_s']:,.0f} tok/s" + (f"  mfu {row['mfu']:.1%}" if "mfu" in row else ""), flush=True)
+        print(self.progress.line(f"  step {step}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
+              f"{row['tokens_per_s']:,.0f} tok/s" + (f"  mfu {row['mfu']:.1%}" if "mfu" in row else "")), flush=True)
 
     def on_eval(self, step: int, row: dict) -> None:
         print(f"step {step:6d}  validation  " + "  ".join(f"{k[4:]} {v:.4f}" for k, v in row.items()

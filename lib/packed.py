@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from lib.errors import UserError
 from lib.io import atomic_file, batched, write_json
+from lib.progress import Progress
 
 OFFSET_DTYPE = np.dtype(np.int64)
 FLAG_DTYPE = np.dtype(np.uint8)
@@ -170,12 +171,13 @@ class EncodeStats:
 
 def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | Path, vocab_size: int,
                      eos_id: int, batch_docs: int, unk_id: int | None = None,
-                     tokenizer_sha256: str | None = None) -> EncodeStats:
+                     tokenizer_sha256: str | None = None, progress: Progress | None = None) -> EncodeStats:
     """Tokenize `texts` in batches of `batch_docs` and write them to the packed files of `prefix`.
 
     Documents get no bos/eos template (the packing adds one eos after each). The stats count `unk_id`,
     by default the unknown-token id of the tokenizer's model (byte-level BPE has none).
     `tokenizer_sha256` (of the saved tokenizer.json) is recorded for PackedTokens.check_tokenizer.
+    `progress` counts the documents encoded.
     """
     if unk_id is None:
         unk_id = model_unk_id(tokenizer)
@@ -192,6 +194,8 @@ def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | P
             stats.words += sum(len(text.split()) for text in batch)
             if unk_id is not None:
                 stats.unk += sum(doc.count(unk_id) for doc in ids)
+            if progress is not None:
+                progress.tick(stats.docs, f"  {stats.tokens:,} tokens")
     stats.seconds = time.perf_counter() - start
     return stats
 

@@ -24,6 +24,7 @@ from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches
 from lib.distributed import Context
 from lib.errors import UserError
+from lib.progress import Progress
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure
@@ -96,6 +97,16 @@ def warmup_decay(total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
     return multiplier
 
 
+def step_tokens(cfg: TrainConfig) -> int:
+    """Tokens per optimizer step: the global batch."""
+    return cfg.seq_len * cfg.batch_size * cfg.grad_accum
+
+
+def planned_tokens(cfg: TrainConfig) -> int:
+    """The tokens a run to cfg.budget_tokens trains on: whole steps, so the last may pass the budget."""
+    return math.ceil(cfg.budget_tokens / step_tokens(cfg)) * step_tokens(cfg)
+
+
 def lr_multiplier(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     """The schedule of cfg: STLR, or warmup then linear/cosine decay to min_lr_ratio at total_steps."""
     if cfg.schedule == "stlr":
@@ -116,17 +127,20 @@ class Trainer:
     def __init__(self, module: nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
                  train: WindowBatches, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
                  seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = (),
-                 layer_groups: list[list[nn.Parameter]] | None = None, context: Context = Context()):
+                 layer_groups: list[list[nn.Parameter]] | None = None, context: Context = Context(),
+                 progress: Progress | None = None):
         """Under torchrun (context.active) `train` must read this rank's share of each batch, and
-        only rank 0 should get callbacks; checkpoints are written by rank 0. With impl.strategy fsdp
-        `module` is sharded in place."""
+        only rank 0 should get callbacks and `progress` (over planned_tokens(cfg), updated before
+        each log row reaches the callbacks); checkpoints are written by rank 0. With
+        impl.strategy fsdp `module` is sharded in place."""
         self.module, self.cfg, self.impl, self.device = module.to(device), cfg, impl, device
         self.precision = runtime.resolve_precision(impl.precision, device)  # what every forward runs in
         self.context = context
         self.train, self.valid, self.seed = train, valid, seed
         self.checkpoint_dir, self.fingerprint, self.callbacks = checkpoint_dir, fingerprint, callbacks
-        self.step_tokens = cfg.seq_len * cfg.batch_size * cfg.grad_accum
-        self.total_steps = math.ceil(cfg.budget_tokens / self.step_tokens)
+        self.step_tokens = step_tokens(cfg)
+        self.total_steps = planned_tokens(cfg) // self.step_tokens
+        self.progress = progress
         names = {id(p): name for name, p in module.named_parameters()}
         group_names = [[names[id(p)] for p in group] for group in layer_groups or []]
         self.synced = distributed.wrap(module, context, device, impl.strategy)
@@ -150,6 +164,8 @@ class Trainer:
         if saved is not None:
             self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
             distributed.say(self.context, f"resuming from step {self.state.step} ({self.state.tokens} tokens)")
+        if self.progress is not None:
+            self.progress.start(self.state.tokens, self.state.seconds)
         self.module.train()
         window = defaultdict(float)  # sums of the metrics of the steps since the last log line
         while not distributed.agree(self.context, self._budget_spent(), self.device):  # rank 0's clock decides
@@ -220,6 +236,8 @@ class Trainer:
         if self.flops_per_s_peak:
             row["mfu"] = self.flops_per_token * tokens_per_s / self.flops_per_s_peak
         self.state.history.append(row)
+        if self.progress is not None:
+            self.progress.update(self.state.tokens)
         for callback in self.callbacks:
             callback.on_log(self.state.step, row)
 

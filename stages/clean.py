@@ -5,15 +5,17 @@ Reads the `pretrain` and `domain` corpora named in params.yaml (their copies in 
 `<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
 """
 import argparse
+import json
 from pathlib import Path
 
 from lib import tracking
 from lib.clean import DocumentCleaner, build_contamination_index
 from lib.config import load_params, stage_params
-from lib.corpus import CORPORA, clean_corpus, eval_texts
+from lib.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
 from lib.errors import run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
-from lib.raw import localize
+from lib.progress import Progress
+from lib.raw import IDENTITY_FILE, localize
 
 
 def main() -> None:
@@ -38,7 +40,10 @@ def main() -> None:
         with atomic_dir(args.out) as out:
             for name in CORPORA:
                 cleaner = DocumentCleaner(cfg, contamination, params.seed)
-                metrics[name] = clean_corpus(getattr(local.corpora, name), f"corpora.{name}", cleaner, out / name)
+                corpus = getattr(local.corpora, name)
+                rows = source_rows(Path(corpus.source))
+                progress = Progress(f"clean: {name}", None if rows is None else planned_docs(corpus, rows), "docs")
+                metrics[name] = clean_corpus(corpus, f"corpora.{name}", cleaner, out / name, progress)
                 print(f"clean: {name}: {metrics[name]['docs_in']} docs in, {metrics[name]['docs_out']} kept "
                       f"({metrics[name]['mb_per_s']} MB/s)", flush=True)
         if contamination is not None:
@@ -48,6 +53,13 @@ def main() -> None:
         run.log_metrics(metrics)
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
+
+
+def source_rows(folder: Path) -> dict[str, int] | None:
+    """Rows per split of a source as the data stage wrote them into `folder` (its source.json); None
+    for a folder the data stage did not write, whose documents are then counted without a total."""
+    path = folder / IDENTITY_FILE
+    return json.loads(path.read_text(encoding="utf-8"))["rows"] if path.is_file() else None
 
 
 def write_rule_plot(path: Path, metrics: dict) -> None:

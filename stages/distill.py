@@ -21,6 +21,7 @@ from lib.classifier import load_classifier, save_classifier
 from lib.config import load_params, stage_params
 from lib.distill import DistillResult, distill_task
 from lib.errors import run_main
+from lib.finetune import run_name
 from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE
@@ -56,7 +57,8 @@ def main() -> None:
     metrics, results = {}, {}
     with tracking.stage_run("distill", params.tracking, params, keyed_on) as run:
         run.log_params({"runtime": runtime_facts})
-        for name, task_cfg in tasks.items():
+        for number, (name, task_cfg) in enumerate(tasks.items(), 1):
+            distributed.say(context, f"distill: {run_name(name, 'student', params.seed)} (run {number} of {len(tasks)})")
             teacher_dir = args.teachers / name
             teacher, info = load_classifier(teacher_dir)
             run_id = fingerprint(keyed_on, task=name, device=device.type,
@@ -97,7 +99,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
                       {"pipeline.role": "distill-run"})
 
     def on_epoch(row: dict) -> None:
-        distributed.say(context, f"{name} student epoch {row['epoch']}: " + "  ".join(
+        distributed.say(context, f"distill: {run_name(name, 'student', params.seed)} epoch {row['epoch']}: " + "  ".join(
             f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
         child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 

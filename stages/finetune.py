@@ -20,10 +20,11 @@ from lib.classifier import load_classifier, save_classifier
 from lib.checkpoint import fingerprint
 from lib.config import load_params, stage_params
 from lib.errors import run_main
-from lib.finetune import RunResult, run_variant
+from lib.finetune import RunResult, run_name, run_variant
 from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE, load_model
+from lib.progress import Progress, RunTimes, duration
 from lib.tasks import load_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
 from lib.trainer import resolve_device
@@ -61,6 +62,11 @@ def main() -> None:
     run_id = fingerprint(keyed_on, device=device.type,
                          model=file_sha256(args.model / MODEL_FILE))
     metrics, curves = {}, {}
+    seeds = range(params.seed, params.seed + cfg.seeds)
+    kinds = [(name, variant) for name in tasks for variant in cfg.variants for _ in seeds]  # each run's, in order
+    times = RunTimes()  # a run's time depends on its task and variant far more than on its seed
+    runs = Progress("finetune", len(kinds), "runs", estimate=lambda: times.eta_s(kinds[runs.done:]),
+                    out=lambda line: distributed.say(context, line))
     with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
@@ -71,9 +77,17 @@ def main() -> None:
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
             results = []
             for variant in cfg.variants:
-                for seed in range(params.seed, params.seed + cfg.seeds):
+                for seed in seeds:
+                    distributed.say(context, f"finetune: {run_name(name, variant, seed)} "
+                                             f"(run {runs.done + 1} of {len(kinds)})")
                     results.append(finetune_once(name, variant, seed, task, task_cfg.metrics, adapted, params, device,
                                                  special["pad"], args, run_id, run, context))
+                    times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
+                    runs.update(runs.done + 1)
+                    known, untimed = times.left(kinds[runs.done:])
+                    floor = f"at least {duration(known)}; " if known else ""
+                    distributed.say(context, runs.line(f"  ({floor}{untimed} of the runs left of a task × variant "
+                                                       "not timed yet)" if untimed else ""))
             metrics[name] = summarise(task, task_cfg.metrics, results)
             curves[name] = results
         distributed.barrier(context)  # every rank is past reading the kept runs
@@ -92,13 +106,14 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
     if saved.is_file():
         record = json.loads(saved.read_text(encoding="utf-8"))
         if record["fingerprint"] == run_id:
-            distributed.say(context, f"{name} {variant} seed {seed}: done in an earlier run, kept")
+            distributed.say(context, f"finetune: {run_name(name, variant, seed)}: done in an earlier run, kept")
             return RunResult(**record["result"])
     child = run.child(f"{name}/{variant}/seed{seed}", {"task": name, "variant": variant, "seed": seed},
                       {"pipeline.role": "finetune-run"})
 
     def on_epoch(row: dict) -> None:
-        distributed.say(context, f"{name} {variant} seed {seed} epoch {row['epoch']}: train loss {row['train_loss']:.4f}  "
+        distributed.say(context, f"finetune: {run_name(name, variant, seed)} epoch {row['epoch']}: "
+            f"train loss {row['train_loss']:.4f}  "
             + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")))
         child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 
@@ -112,7 +127,7 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
                        **{f"eval_{k}": v for k, v in (result.eval or {}).items()},
                        "best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
-    distributed.say(context, f"{name} {variant} seed {seed}: best epoch {result.best_epoch}, dev {result.dev}, "
+    distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
         f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)")
     if not context.main:
         return result

@@ -17,9 +17,10 @@ from lib import tracking
 from lib.config import load_params, stage_params
 from lib.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.errors import run_main
+from lib.hf import checkpoint_folder, save_tokenizer
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.packed import PackedTokens, encode_to_packed
-from lib.hf import checkpoint_folder, save_tokenizer
+from lib.progress import Progress
 from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
@@ -52,7 +53,8 @@ def main() -> None:
                     prefix = out / corpus / split
                     prefix.parent.mkdir(parents=True, exist_ok=True)
                     stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
-                                             vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature)
+                                             vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature,
+                                             progress=Progress(f"tokenizer: {corpus}/{split}", None, "docs"))
                     metrics[f"{corpus}_{split}"] = summarize(stats)
                     print(f"tokenizer: {corpus}/{split}: {stats.tokens} tokens from {stats.docs} docs "
                           f"({metrics[f'{corpus}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)

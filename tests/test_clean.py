@@ -7,7 +7,8 @@ import pytest
 
 from lib.clean import REWRITE_RULES, CleanStats, DocumentCleaner, build_contamination_index, clean_text, \
     filter_reason, letter_ratio
-from lib.config import CleanConfig, DecontaminateConfig
+from lib.config import CleanConfig, CorpusConfig, DecontaminateConfig
+from lib.corpus import planned_docs
 
 ONLY = {rule: CleanConfig(**{other: other == rule for other in REWRITE_RULES}) for rule in REWRITE_RULES}
 CFG = CleanConfig(min_chars=50, max_chars=5000, workers=1, batch_docs=4)
@@ -173,3 +174,10 @@ def test_input_is_read_lazily_with_bounded_batches_in_flight(workers):
     assert consumed <= in_flight * cfg.batch_docs
     output.close()  # the consumer stops early: the pool must go away
     assert multiprocessing.active_children() == []
+
+
+def test_the_documents_clean_will_read_are_its_splits_rows_capped_by_max_docs():
+    rows = {"train": 900, "unsup": 300, "test": 50}
+    assert planned_docs(CorpusConfig("data/raw/imdb", splits=["train", "unsup"]), rows) == 1200
+    assert planned_docs(CorpusConfig("data/raw/imdb", splits=["train", "unsup"], valid_split="test", max_docs=400),
+                        rows) == 400 + 300 + 50

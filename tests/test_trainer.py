@@ -12,7 +12,8 @@ from lib.data import WindowBatches, fixed_windows
 from lib.errors import UserError
 from lib.packed import PackedTokens, PackedWriter
 from lib.checkpoint import KEEP, checkpoints
-from lib.trainer import Trainer, discriminative_groups, lr_multiplier, param_groups, slanted_triangular
+from lib.progress import Progress
+from lib.trainer import Trainer, discriminative_groups, lr_multiplier, param_groups, planned_tokens, slanted_triangular
 
 VOCAB = 40
 
@@ -54,12 +55,13 @@ CFG = TrainConfig(seq_len=16, batch_size=4, lr=3e-2, warmup_steps=3, budget_toke
 FP32 = ImplConfig(precision="fp32", compile="off")
 
 
-def trainer(packed, ckpt, cfg=CFG, module=None, callbacks=(), fingerprint="a"):
+def trainer(packed, ckpt, cfg=CFG, module=None, callbacks=(), fingerprint="a", progress=None):
     torch.manual_seed(0)
     module = module or NextToken()
     train = WindowBatches(packed[0], cfg.seq_len + 1, cfg.batch_size, seed=1)
     valid = fixed_windows(packed[1], cfg.seq_len + 1, cfg.batch_size, cfg.eval_batches)
-    return Trainer(module, cfg, FP32, torch.device("cpu"), train, valid, ckpt, fingerprint, seed=1, callbacks=callbacks)
+    return Trainer(module, cfg, FP32, torch.device("cpu"), train, valid, ckpt, fingerprint, seed=1, callbacks=callbacks,
+                   progress=progress)
 
 
 def curve(state):
@@ -78,6 +80,15 @@ class KillAt:
 
     def on_eval(self, step, row):
         pass
+
+
+def test_progress_counts_the_planned_tokens_and_a_resumed_run_its_own_part(packed, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        trainer(packed, tmp_path / "ckpt", callbacks=(KillAt(13),)).fit()  # last checkpoint: step 10
+    progress = Progress("pretrain", planned_tokens(CFG), "tokens")
+    trainer(packed, tmp_path / "ckpt", progress=progress).fit()
+    assert progress.total == CFG.budget_tokens == progress.done and progress.done_at_start == 10 * 16 * 4
+    assert planned_tokens(CFG.__class__(seq_len=16, batch_size=4, budget_tokens=100)) == 128  # whole steps
 
 
 def test_budget_schedule_and_learning(packed, tmp_path):
