@@ -28,6 +28,7 @@ from torch import nn
 from lib.errors import UserError
 from lib.io import atomic_dir
 from lib.model import Transformer, load_model, load_weights, save_model
+from lib.tokenizer import saved_special_ids
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
 
@@ -105,7 +106,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
     tokenizer files, written whole or not at all."""
     with atomic_dir(out_dir) as tmp:
-        save_model(model.backbone, tmp)
+        save_model(model.backbone, tmp, saved_special_ids(tokenizer_dir))
         safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 from lib.config import Params
 from lib.errors import UserError, describe
 from lib.io import atomic_dir, project_root
-from lib.model import Transformer, TransformerConfig
+from lib.model import EXPORT_KEY, Transformer, TransformerConfig
 from lib.tokenizer import write_folder
 
 HUB_PREFIX = "hf:"
@@ -111,6 +111,11 @@ def bert_config(hf: dict) -> TransformerConfig:
         position_offset=hf["pad_token_id"] + 1 if hf["model_type"] == "roberta" else 0)
 
 
+def prelayernorm_config(hf: dict) -> TransformerConfig:
+    """RoBERTa-PreLayerNorm: RoBERTa's embeddings and positions, pre-LN layers, a final LayerNorm."""
+    return dataclasses.replace(bert_config({**hf, "model_type": "roberta"}), norm="pre")
+
+
 def distilbert_config(hf: dict) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=hf["vocab_size"], d_model=hf["dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"],
@@ -145,12 +150,15 @@ BERT_LAYER = {
 DISTILBERT_LAYER = {
     "attn.qkv": ("attention.q_lin", "attention.k_lin", "attention.v_lin"), "attn.proj": "attention.out_lin",
     "ln1": "sa_layer_norm", "mlp.fc1": "ffn.lin1", "mlp.fc2": "ffn.lin2", "ln2": "output_layer_norm"}
+PRELAYERNORM_LAYER = {
+    "ln1": "attention.LayerNorm", "attn.qkv": BERT_LAYER["attn.qkv"], "attn.proj": "attention.output.dense",
+    "ln2": "intermediate.LayerNorm", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
 GPT2_LAYER = {"ln1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln2": "ln_2",
               "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
 EMBEDDINGS = {"embeddings.token": "embeddings.word_embeddings", "embeddings.position": "embeddings.position_embeddings",
               "embeddings.segment": "embeddings.token_type_embeddings", "embeddings.norm": "embeddings.LayerNorm",
               "project": "embeddings_project", "pooler.dense": "pooler.dense"}
-# the masked-LM head's three spellings (outside the base model's prefix): dense, LayerNorm, decoder
+# the masked-LM head's four spellings (outside the base model's prefix): dense, LayerNorm, decoder
 MLM_HEADS = [{"head.dense": "cls.predictions.transform.dense", "head.norm": "cls.predictions.transform.LayerNorm",
               "head.decoder": "cls.predictions.decoder", "head.decoder.bias": "cls.predictions.bias"},
              {"head.dense": "lm_head.dense", "head.norm": "lm_head.layer_norm", "head.decoder": "lm_head.decoder",
@@ -172,13 +180,22 @@ class Family:
     conv1d: bool = False  # GPT-2's Conv1D stores weights (in, out): transposed
 
 
-BERT_LIKE = dict(config=bert_config, layers="encoder.layer", layer=BERT_LAYER, top=EMBEDDINGS, heads=MLM_HEADS)
+BERT_LIKE = dict(config=bert_config, layers="encoder.layer", layer=BERT_LAYER, top=EMBEDDINGS)
+
+
+def preferring(i: int) -> list[dict[str, str]]:
+    """The LM head spellings with the i-th first: the one an export of that family writes."""
+    return [MLM_HEADS[i], *MLM_HEADS[:i], *MLM_HEADS[i + 1:]]
+
+
 FAMILIES: dict[str, Family] = {
-    "bert": Family(base="bert.", **BERT_LIKE),
-    "roberta": Family(base="roberta.", **BERT_LIKE),
-    "electra": Family(base="electra.", **BERT_LIKE),
+    "bert": Family(base="bert.", heads=preferring(0), **BERT_LIKE),
+    "roberta": Family(base="roberta.", heads=preferring(1), **BERT_LIKE),
+    "electra": Family(base="electra.", heads=preferring(2), **BERT_LIKE),
     "distilbert": Family(distilbert_config, "distilbert.", "transformer.layer", DISTILBERT_LAYER, EMBEDDINGS,
                          MLM_HEADS),
+    "roberta-prelayernorm": Family(prelayernorm_config, "roberta_prelayernorm.", "encoder.layer", PRELAYERNORM_LAYER,
+                                   {**EMBEDDINGS, "norm": "LayerNorm"}, [MLM_HEADS[1]]),
     "gpt2": Family(gpt2_config, "transformer.", "h", GPT2_LAYER,
                    {"embeddings.token": "wte", "embeddings.position": "wpe", "norm": "ln_f"},
                    [{"head.decoder": "lm_head"}], conv1d=True),
@@ -192,7 +209,8 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             return safetensors.torch.load_file(str(folder / SAFETENSORS_FILE))
         except (SafetensorError, OSError) as err:
-            raise UserError(f"{folder / SAFETENSORS_FILE}: cannot read ({describe(err)}); download it again") from None
+            raise UserError(f"{folder / SAFETENSORS_FILE}: does not match config.json or is corrupt ({describe(err)}); "
+                            "write or download it again") from None
     if (folder / PICKLE_FILE).is_file():
         try:
             state = torch.load(folder / PICKLE_FILE, map_location="cpu", weights_only=True)
@@ -210,32 +228,29 @@ def import_model(folder: Path) -> ImportedModel:
     """The checkpoint in `folder` as a Transformer in eval mode, its hidden states those of
     transformers' AutoModel on the same folder."""
     cfg, family = read_config(folder)
-    spec, theirs = FAMILIES[family], read_weights(folder)
+    theirs = read_weights(folder)
     cfg = dataclasses.replace(cfg, pooler=any(k.endswith("pooler.dense.weight") for k in theirs))
     if cfg.embedding_size is not None and family != "electra":
         raise UserError(f"{Path(folder) / CONFIG_FILE}: embedding_size {cfg.embedding_size} != hidden size "
                         f"for a {family} (only ELECTRA projects its embeddings)")
+    return load_tensors(Transformer(cfg), family, theirs, folder)
+
+
+def load_tensors(model: Transformer, family: str, theirs: dict[str, torch.Tensor], folder: Path) -> ImportedModel:
+    """Load a `family` checkpoint's tensors into `model` (its LM head fresh where they have none)."""
+    spec, cfg = FAMILIES[family], model.cfg
     base = spec.base if any(k.startswith(spec.base) for k in theirs) else ""
-    model = Transformer(cfg)
+    head = next((h for h in spec.heads if any(k.startswith(tuple(h.values())) for k in theirs)), {})
     ours = model.state_dict()
-    names: dict[str, Any] = {f"{k}": f"{base}{v}" for k, v in spec.top.items()}
-    for i in range(cfg.n_layers):
-        for k, v in spec.layer.items():
-            names[f"blocks.{i}.{k}"] = (tuple(f"{base}{spec.layers}.{i}.{n}" for n in v) if isinstance(v, tuple)
-                                        else f"{base}{spec.layers}.{i}.{v}")
-    names.update(next((h for h in spec.heads if any(k.startswith(tuple(h.values())) for k in theirs)), {}))
     loaded, used = {}, set()
-    for target in ours:
-        module, _, leaf = target.rpartition(".")
-        source = names.get(target) or names.get(module)
-        if source is None:
-            continue
-        keys = [source] if target in names else [f"{s}.{leaf}" for s in (source if isinstance(source, tuple) else [source])]
+    for target, keys in tensor_keys(cfg, family, base, head, ours).items():
         if not all(k in theirs for k in keys):
             continue
-        tensors = [theirs[k].t() if spec.conv1d and leaf == "weight" and theirs[k].dim() == 2 and "blocks." in target
-                   else theirs[k] for k in keys]
-        loaded[target] = fit_rows(torch.cat(tensors) if len(tensors) > 1 else tensors[0], ours[target], target, folder)
+        tensors = [theirs[k].t() if conv1d_weight(spec, target, theirs[k]) else theirs[k] for k in keys]
+        tensor = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+        if target == "embeddings.position.weight":  # rows an export put before the table (see export_tensors)
+            tensor = tensor[len(tensor) - cfg.max_positions:]
+        loaded[target] = fit_rows(tensor, ours[target], target, folder)
         used.update(keys)
     tied = cfg.tie_embeddings and "head.decoder.weight" not in loaded
     if tied:  # one tensor under two names: loading the stale one second would undo the embeddings
@@ -248,6 +263,119 @@ def import_model(folder: Path) -> ImportedModel:
     model.load_state_dict({**ours, **loaded})
     unused = sorted(k for k in theirs if k not in used and not k.endswith("position_ids"))
     return ImportedModel(model.eval(), family, fresh, unused)
+
+
+def tensor_keys(cfg: TransformerConfig, family: str, base: str, head: dict[str, str],
+                ours: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Each of our tensors -> its checkpoint tensors (several: q, k and v, concatenated along dim 0)."""
+    spec = FAMILIES[family]
+    names: dict[str, Any] = {k: f"{base}{v}" for k, v in spec.top.items()}
+    for i in range(cfg.n_layers):
+        for k, v in spec.layer.items():
+            names[f"blocks.{i}.{k}"] = (tuple(f"{base}{spec.layers}.{i}.{n}" for n in v) if isinstance(v, tuple)
+                                        else f"{base}{spec.layers}.{i}.{v}")
+    names.update(head)
+    keys = {}
+    for target in ours:
+        module, _, leaf = target.rpartition(".")
+        source = names.get(target) or names.get(module)
+        if source is not None:
+            keys[target] = [source] if target in names else [
+                f"{s}.{leaf}" for s in (source if isinstance(source, tuple) else [source])]
+    return keys
+
+
+def conv1d_weight(spec: Family, target: str, tensor: torch.Tensor) -> bool:
+    """GPT-2's Conv1D blocks store weights (in, out), transposed from nn.Linear's."""
+    return spec.conv1d and target.startswith("blocks.") and target.endswith(".weight") and tensor.dim() == 2
+
+
+# Export: a model folder the pipeline writes is also a transformers checkpoint where one architecture
+# computes exactly what ours does. Its config.json keeps our config under EXPORT_KEY, so that
+# lib.model reads the folder back to the identical Transformer.
+
+
+def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
+    """(the transformers family that computes exactly what `cfg` does, "") or (None, why there is none)."""
+    if cfg.position != "learned":
+        return None, f"{cfg.position} positions"
+    if cfg.share_layers:
+        return None, "layers shared across depth (ALBERT)"
+    if cfg.embedding_norm and cfg.lm_head == "mlp":
+        if cfg.norm == "post" and cfg.embedding_size is not None:
+            return ("electra", "") if not cfg.causal and not cfg.position_offset else (None, "a causal ELECTRA")
+        if cfg.embedding_size is not None:
+            return None, "factorised embeddings with pre-LN layers"
+        if cfg.norm == "post":
+            return ("roberta" if cfg.position_offset else "bert"), ""
+        return "roberta-prelayernorm", ""
+    if (cfg.norm, cfg.embedding_norm, cfg.lm_head, cfg.causal) == ("pre", False, "linear", True) \
+            and not cfg.segment_vocab and cfg.embedding_size is None and not cfg.position_offset:
+        return "gpt2", ""
+    return None, "this mix of LayerNorm placement, embedding LayerNorm and LM head"
+
+
+def export_checkpoint(model: Transformer, family: str, special_ids: dict[str, int]) -> tuple[dict, dict]:
+    """(config.json, tensors) of `model` as a `family` checkpoint. Positions: RoBERTa-style families
+    number real tokens from padding_idx + 1, so a model whose table starts at 0 gets that many zero
+    rows in front; token types: a model with none gets one zero row where the family needs them."""
+    cfg, spec = model.cfg, FAMILIES[family]
+    pad = special_ids.get("pad", 0)
+    shift = pad + 1 - cfg.position_offset if family in ("roberta", "roberta-prelayernorm") else 0
+    if shift < 0:
+        raise ValueError(f"position_offset {cfg.position_offset} does not fit pad id {pad}")
+    ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    tensors = {}
+    for target, keys in tensor_keys(cfg, family, spec.base, spec.heads[0], ours).items():
+        if target == "head.decoder.weight" and cfg.tie_embeddings:
+            continue  # transformers ties it to the embeddings itself
+        tensor = ours[target]
+        if target in ("embeddings.token.weight", "head.decoder.weight", "head.decoder.bias"):
+            tensor = tensor[: cfg.vocab_size]  # the padding rows are ours alone
+        if target == "embeddings.position.weight" and shift:
+            tensor = torch.cat([tensor.new_zeros(shift, tensor.shape[1]), tensor])
+        for key, part in zip(keys, tensor.chunk(len(keys))):
+            tensors[key] = (part.t() if conv1d_weight(spec, target, part) else part).contiguous()
+    head = spec.heads[0]
+    if "head.decoder.bias" in head and head["head.decoder.bias"] != f"{head['head.decoder']}.bias":
+        # transformers ties the decoder's bias to the head's only while it ties the decoder to the embeddings
+        tensors[f"{head['head.decoder']}.bias"] = tensors[head["head.decoder.bias"]].clone()
+    if family != "gpt2" and not cfg.segment_vocab:
+        tensors[f"{spec.base}embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.embedding_dim)
+    return export_config(cfg, family, special_ids, shift), tensors
+
+
+def export_config(cfg: TransformerConfig, family: str, special_ids: dict[str, int], shift: int) -> dict:
+    act = {"gelu": "gelu", "gelu_tanh": "gelu_new"}[cfg.activation]
+    ids = {f"{role}_token_id": special_ids[role] for role in ("pad", "bos", "eos") if role in special_ids}
+    if family == "gpt2":
+        hf = dict(n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
+                  activation_function=act, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+                  n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps)
+    else:
+        hf = dict(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                  intermediate_size=cfg.d_ff, hidden_act=act, hidden_dropout_prob=cfg.dropout,
+                  attention_probs_dropout_prob=cfg.dropout, max_position_embeddings=cfg.max_positions + shift,
+                  type_vocab_size=max(cfg.segment_vocab, 1), layer_norm_eps=cfg.norm_eps, is_decoder=cfg.causal,
+                  position_embedding_type="absolute")
+        if cfg.embedding_size is not None:
+            hf["embedding_size"] = cfg.embedding_size
+    architecture = ARCHITECTURES[family][cfg.causal]
+    return {"model_type": family, "architectures": [architecture], "vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings,
+            **hf, **ids, EXPORT_KEY: dataclasses.asdict(cfg)}
+
+
+# family -> (bidirectional, causal) transformers class with the LM head
+ARCHITECTURES = {"bert": ("BertForMaskedLM", "BertLMHeadModel"), "roberta": ("RobertaForMaskedLM", "RobertaForCausalLM"),
+                 "electra": ("ElectraForMaskedLM", None),
+                 "roberta-prelayernorm": ("RobertaPreLayerNormForMaskedLM", "RobertaPreLayerNormForCausalLM"),
+                 "gpt2": (None, "GPT2LMHeadModel")}
+
+
+def load_exported(folder: Path, cfg: TransformerConfig) -> Transformer:
+    """A folder save_model wrote as a transformers checkpoint, back into the identical Transformer."""
+    family, _ = export_family(cfg)
+    return load_tensors(Transformer(cfg), family, read_weights(folder), folder).model
 
 
 def fit_rows(tensor: torch.Tensor, like: torch.Tensor, name: str, folder: Path) -> torch.Tensor:

@@ -377,46 +377,66 @@ class Transformer(nn.Module):
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+EXPORT_KEY = "transfer_pipeline"  # our config inside a transformers config.json (lib.hf.export_checkpoint)
 
 
-def save_model(model: Transformer, out_dir: Path) -> None:
-    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all."""
+def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None) -> None:
+    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: a transformers
+    checkpoint where a transformers architecture computes exactly what this model does (lib.hf, which
+    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout."""
+    from lib.hf import export_checkpoint, export_family  # lib.hf builds on this module
+
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
+    family, _ = export_family(model.cfg)
     with atomic_dir(out_dir) as tmp:
-        safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
-        (tmp / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(model.cfg), indent=2, sort_keys=True) + "\n")
+        if family is None:
+            safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
+            config = dataclasses.asdict(model.cfg)
+        else:
+            config, tensors = export_checkpoint(model, family, special_ids or {})
+            safetensors.torch.save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
     """Rebuild the model from config.json and load its weights strictly; returned in eval mode
-    (call .train() to train it). A Hugging Face checkpoint folder (BERT, RoBERTa, DistilBERT, ELECTRA,
-    GPT-2) loads too, through lib.hf, with transformers' hidden states."""
-    model_dir = Path(model_dir)
-    if is_hf_config(model_dir / CONFIG_FILE):
-        from lib.hf import import_model  # lib.hf builds on this module
+    (call .train() to train it). Also a published Hugging Face checkpoint (BERT, RoBERTa, DistilBERT,
+    ELECTRA, GPT-2, RoBERTa-PreLayerNorm), through lib.hf, with transformers' hidden states."""
+    from lib import hf  # lib.hf builds on this module
 
-        return import_model(model_dir).model.to(device)
+    model_dir = Path(model_dir)
+    config = read_config_json(model_dir)
+    if EXPORT_KEY in config:
+        return hf.load_exported(model_dir, read_config(model_dir)).to(device).eval()
+    if "model_type" in config:
+        return hf.import_model(model_dir).model.to(device)
     model = Transformer(read_config(model_dir))
     load_weights(model, model_dir / MODEL_FILE, model_dir / CONFIG_FILE)
     return model.to(device).eval()
 
 
 def read_config(model_dir: Path) -> TransformerConfig:
-    """The config of a model folder save_model wrote."""
-    config_path = Path(model_dir) / CONFIG_FILE
+    """The config of a model folder save_model wrote (or of a published checkpoint)."""
+    config = read_config_json(model_dir)
+    if "model_type" in config and EXPORT_KEY not in config:
+        return load_model(model_dir).cfg  # a published checkpoint: its weights tell whether it has a pooler
     try:
-        return TransformerConfig(**json.loads(config_path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as err:  # missing, not JSON, unknown/invalid fields
-        raise UserError(f"{config_path}: cannot build the model config ({one_line(err)}); "
+        return TransformerConfig(**config.get(EXPORT_KEY, config))
+    except (ValueError, TypeError) as err:  # unknown/invalid fields
+        raise UserError(f"{Path(model_dir) / CONFIG_FILE}: cannot build the model config ({one_line(err)}); "
                         "point at a folder written by save_model") from None
 
 
-def is_hf_config(config_path: Path) -> bool:
-    """Whether config.json is a Hugging Face model's (it names a model_type), not save_model's."""
+def read_config_json(model_dir: Path) -> dict:
+    path = Path(model_dir) / CONFIG_FILE
     try:
-        return "model_type" in json.loads(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # missing, not JSON
+        raise UserError(f"{path}: cannot read the model config ({one_line(err)}); "
+                        "point at a model folder the pipeline wrote, or a Hugging Face checkpoint") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a model config (a JSON object)")
+    return config
 
 
 def load_weights(module: nn.Module, weights_path: Path, config_path: Path) -> None:

@@ -46,3 +46,13 @@ def read_only_folder(locked: Path, monkeypatch) -> Iterator[Path]:
         yield locked
     finally:
         locked.chmod(0o755)
+
+
+def stub_tokenizer_dir(folder: Path) -> Path:
+    """A tokenizer folder as far as saving a classifier reads it: tokenizer.json (copied along, never
+    parsed) and the special token ids (ids 0..4, as the pipeline's tokenizers have them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.json").write_text("{}")
+    specials = {role: {"token": f"[{role}]", "id": i} for i, role in enumerate(["pad", "unk", "bos", "eos", "mask"])}
+    (folder / "tokenizer_meta.json").write_text(json.dumps({"special_tokens": specials}))
+    return folder

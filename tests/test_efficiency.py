@@ -8,6 +8,7 @@ import torch
 from lib.classifier import Classifier, HeadConfig, save_classifier
 from lib.efficiency import MIN_MEASURED_S, latency, parameter_count, size_on_disk, throughput
 from lib.model import Transformer, TransformerConfig
+from tests.helpers import stub_tokenizer_dir
 
 SEQ_LEN = 24
 
@@ -28,8 +29,7 @@ def test_tied_embeddings_count_once():
 
 def test_size_on_disk_is_the_weight_files(tmp_path):
     model = classifier()
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    stub_tokenizer_dir(tmp_path / "tok")
     save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
     files = sorted((tmp_path / "clf").glob("*.safetensors"))
     assert [f.name for f in files] == ["head.safetensors", "model.safetensors"]

@@ -13,6 +13,7 @@ from lib.config import FinetuneConfig, ImplConfig
 from lib.finetune import FullTrainer, ProbeTrainer, run_variant, setup
 from lib.model import Transformer, TransformerConfig
 from lib.tasks import Example, TaskData, collate
+from tests.helpers import stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, lr=3e-3, plain_lr=1e-3, scratch_lr=3e-3,
@@ -166,8 +167,7 @@ def test_aux_lm_loss_trains_the_lm_head_of_causal_models():
 
 
 def test_saved_classifier_loads_and_predicts_the_same(tmp_path):
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    stub_tokenizer_dir(tmp_path / "tok")
     _, model = run_variant("ulmfit", toy_task(), ["accuracy"], backbone(), dataclasses.replace(CFG, epochs=1), IMPL,
                            torch.device("cpu"), 1, PAD)
     save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lib.errors import UserError
-from lib.hf import import_model, import_tokenizer, resolve
-from lib.model import load_model
+from lib.hf import export_family, import_model, import_tokenizer, resolve
+from lib.model import Transformer, TransformerConfig, load_model, save_model
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders, processors  # noqa: E402
@@ -45,19 +45,19 @@ def build(family: str, folder: Path):
     if family in ("bert", "electra", "distilbert"):
         transformers.AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
         vocab = 30522
-    elif family == "roberta":
+    elif family in ("roberta", "roberta-prelayernorm"):
         vocab = bpe_tokenizer(folder, dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>", pad="<pad>",
                                            mask="<mask>"), roberta=True)
     else:
         vocab = bpe_tokenizer(folder, dict(bos="<|endoftext|>", eos="<|endoftext|>", unk="<|endoftext|>"), roberta=False)
     if family == "bert":
         config, head = transformers.BertConfig(vocab_size=vocab, **small), transformers.BertForMaskedLM
-    elif family == "roberta":
+    elif family in ("roberta", "roberta-prelayernorm"):
         pad = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
         pad_id = next(t["id"] for t in pad if t["content"] == "<pad>")
-        config = transformers.RobertaConfig(vocab_size=vocab, pad_token_id=pad_id, max_position_embeddings=66,
-                                            type_vocab_size=1, **small)
-        head = transformers.RobertaForMaskedLM
+        config, head = ((transformers.RobertaConfig, transformers.RobertaForMaskedLM) if family == "roberta" else
+                        (transformers.RobertaPreLayerNormConfig, transformers.RobertaPreLayerNormForMaskedLM))
+        config = config(vocab_size=vocab, pad_token_id=pad_id, max_position_embeddings=66, type_vocab_size=1, **small)
     elif family == "electra":
         config = transformers.ElectraConfig(vocab_size=vocab, embedding_size=16, **small)
         head = transformers.ElectraForMaskedLM  # the generator: discriminator weights + an MLM head
@@ -102,7 +102,7 @@ def compare(folder: Path, head_class=None) -> None:
     assert torch.equal(load_model(folder).embeddings.token.weight, imported.model.embeddings.token.weight)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "roberta-prelayernorm", "gpt2"])
 def test_family_imports_exactly(family, tmp_path):
     head = build(family, tmp_path)
     compare(tmp_path, head)
@@ -138,7 +138,7 @@ def test_bad_checkpoints_say_what_is_wrong_in_one_line(tmp_path):
         return str(info.value)
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    assert "model_type 't5' is not supported; supported: bert, roberta, electra, distilbert, gpt2" in error(tmp_path)
+    assert "model_type 't5' is not supported; supported: bert, roberta, electra, distilbert, roberta-prelayernorm, gpt2" in error(tmp_path)
     (tmp_path / "config.json").unlink()
     assert "not a Hugging Face model config" in error(tmp_path)
     build("bert", tmp_path)
@@ -168,3 +168,64 @@ def test_hub_id_offline_is_one_line(tmp_path, monkeypatch):
     mirror = tmp_path / "mirror" / "all-MiniLM-L6-v2"
     mirror.mkdir(parents=True)
     assert resolve("hf:sentence-transformers/all-MiniLM-L6-v2", tmp_path, mirror="mirror") == mirror
+
+
+# Export: what save_model writes loads in transformers and computes the same.
+SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+EXPORTABLE = {
+    "pre-LN causal (the default clm model)": dict(norm="pre", causal=True),
+    "pre-LN bidirectional": dict(norm="pre"),
+    "post-LN bidirectional (BERT)": dict(norm="post"),
+    "post-LN causal": dict(norm="post", causal=True),
+    "post-LN, factorised embeddings (ELECTRA)": dict(norm="post", embedding_size=16),
+    "GPT-2": dict(causal=True, embedding_norm=False, lm_head="linear", segment_vocab=0, activation="gelu_tanh"),
+    "no token types, untied (DistilBERT-like)": dict(norm="post", segment_vocab=0, norm_eps=1e-12,
+                                                    tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("shape", EXPORTABLE, ids=list(EXPORTABLE))
+def test_saved_models_load_in_transformers(shape, tmp_path):
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            **EXPORTABLE[shape])
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # non-default norms and biases, so a tensor mapped wrong shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_model(model, tmp_path, SPECIAL)
+    back = load_model(tmp_path)
+    assert back.cfg == cfg and export_family(cfg)[0] in json.loads((tmp_path / "config.json").read_text())["model_type"]
+    ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    head = transformers.AutoModelForCausalLM if cfg.causal else transformers.AutoModelForMaskedLM
+    with torch.no_grad():
+        ours = model(ids, None, mask)
+        assert torch.equal(back(ids, None, mask), ours)
+        hidden = transformers.AutoModel.from_pretrained(tmp_path).eval()(input_ids=ids, attention_mask=mask.long())
+        logits = head.from_pretrained(tmp_path).eval()(input_ids=ids, attention_mask=mask.long()).logits
+    assert (hidden.last_hidden_state - ours)[mask].abs().max() < TOL
+    assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
+
+
+@pytest.mark.parametrize("shape", [dict(position="rope"), dict(position="alibi"), dict(share_layers=True)])
+def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(shape, tmp_path):
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
+    family, reason = export_family(cfg)
+    assert family is None and reason
+    save_model(Transformer(cfg), tmp_path, SPECIAL)
+    assert "model_type" not in json.loads((tmp_path / "config.json").read_text()) and load_model(tmp_path).cfg == cfg
+
+
+@pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")
+def test_an_imported_checkpoint_saves_back_as_itself(tmp_path):
+    """MiniLM in, through the pipeline's save_model, out: transformers reads the same encoder (and pooler)."""
+    imported = import_model(MINILM).model
+    save_model(imported, tmp_path, {"pad": 0, "unk": 100, "bos": 101, "eos": 102, "mask": 103})
+    batch = transformers.AutoTokenizer.from_pretrained(MINILM)(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = transformers.AutoModel.from_pretrained(MINILM).eval()(**batch)
+        saved = transformers.AutoModel.from_pretrained(tmp_path).eval()(**batch)
+    assert (expected.last_hidden_state - saved.last_hidden_state).abs().max() < TOL
+    assert (expected.pooler_output - saved.pooler_output).abs().max() < TOL

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lib import runtime
 from lib.config import ModelConfig
 from lib.errors import UserError
-from lib.model import (Transformer, TransformerConfig, alibi_slopes, apply_rope, load_model, rope_cache,
+from lib.model import (EXPORT_KEY, Transformer, TransformerConfig, alibi_slopes, apply_rope, load_model, rope_cache,
                        save_model)
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]
@@ -242,6 +242,7 @@ def test_save_load_round_trip(tmp_path, overrides):
         model.head.norm.weight.mul_(1.5)
     save_model(model, tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert (EXPORT_KEY in json.loads((tmp_path / "m" / "config.json").read_text())) == (not overrides)
     loaded = load_model(tmp_path / "m")
     assert loaded.cfg == model.cfg and not loaded.training
     ids = tokens()
@@ -249,22 +250,29 @@ def test_save_load_round_trip(tmp_path, overrides):
     assert loaded.head.decoder.weight is loaded.embeddings.token.weight
 
 
-def test_load_errors_name_the_file(tmp_path):
-    save_model(build(), tmp_path / "m")
-    config = json.loads((tmp_path / "m" / "config.json").read_text())
-    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "d_model": 64, "n_heads": 4}))
-    with pytest.raises(UserError, match="model.safetensors: does not match config.json.*size mismatch") as info:
+@pytest.mark.parametrize("exported", [True, False], ids=["transformers layout", "own layout"])
+def test_load_errors_name_the_file(tmp_path, exported):
+    save_model(build(**({} if exported else {"position": "rope"})), tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (EXPORT_KEY in saved) == exported
+
+    def with_fields(**fields) -> None:
+        config = {**saved, EXPORT_KEY: {**saved[EXPORT_KEY], **fields}} if exported else {**saved, **fields}
+        (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+
+    with_fields(d_model=64, n_heads=4)
+    with pytest.raises(UserError, match="model.safetensors|size mismatch|config.json implies") as info:
         load_model(tmp_path / "m")
     assert "\n" not in str(info.value)
-    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "n_layers": 3}))  # a missing block
-    with pytest.raises(UserError, match="model.safetensors.*Missing key"):
+    with_fields(n_layers=3)  # a missing block
+    with pytest.raises(UserError, match="Missing key|lack 12 tensors this config needs"):
         load_model(tmp_path / "m")
-    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "d_modle": 32}))
+    with_fields(d_modle=32)
     with pytest.raises(UserError, match="config.json"):
         load_model(tmp_path / "m")
-    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with_fields()
     (tmp_path / "m" / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(UserError, match="model.safetensors"):
+    with pytest.raises(UserError, match="model.safetensors: does not match config.json or is corrupt"):
         load_model(tmp_path / "m")
     with pytest.raises(UserError, match="config.json"):
         load_model(tmp_path / "missing")

@@ -98,7 +98,7 @@ def objective_extras(objective: Objective) -> dict[str, Tensor]:
 
 def save_objective(objective: Objective, out_dir: Path) -> None:
     """The backbone as a model folder (lib.model.save_model), plus objective.safetensors if any extras."""
-    save_model(objective.backbone(), out_dir)
+    save_model(objective.backbone(), out_dir, objective.special_ids)
     extras = objective_extras(objective)
     if extras:
         safetensors.torch.save_file({k: v.contiguous().cpu() for k, v in extras.items()}, str(out_dir / EXTRAS_FILE))
