@@ -1,0 +1,186 @@
+"""A classifier folder as an ONNX model, run by ONNX Runtime with the same probabilities as lib.predict.
+
+`to_onnx` exports a Classifier (any head, any backbone lib.model builds) to an ONNX graph from
+(input_ids, segment_ids, attention_mask) to logits, with dynamic batch and sequence axes; the
+sequence axis goes up to the model's max_length, the longest input it takes (Transformer.forward
+checks the length, so the exported graph holds that bound for ALiBi too). `quantize_int8` is ONNX
+Runtime's dynamic quantization of it: int8 weights, activations quantized per call.
+`OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
+the folder, the same encoding (lib.tasks.encode), batching and softmax, so only the forward differs.
+
+    python -m lib.onnx_export models/distill/imdb --int8   # writes model.onnx and model.int8.onnx there
+
+    from lib.onnx_export import OnnxClassifier
+    OnnxClassifier.load("models/distill/imdb").predict(["A wonderful film."])
+
+Exporter: torch.onnx.export's dynamo exporter, from a strict torch.export graph. The TorchScript
+exporter (dynamo=False) writes the padding mask's torch.eye as a boolean EyeLike node, which ONNX
+Runtime 1.32 has no kernel for, and is deprecated. Non-strict torch.export reads `len(hidden)` in
+Classifier.token_state as a Python int and silently fixes the batch size of causal models to the
+example's; strict export (TorchDynamo) keeps it symbolic.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lib.classifier import Classifier, load_classifier
+from lib.errors import UserError, describe, run_main
+from lib.io import atomic_file
+from lib.predict import TextClassifier
+
+ONNX_FILE, INT8_SUFFIX = "model.onnx", ".int8.onnx"
+INPUT_NAMES, OUTPUT_NAME = ("input_ids", "segment_ids", "attention_mask"), "logits"
+
+
+def onnxruntime() -> Any:
+    """The onnxruntime module, or one line saying how to install it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError("onnxruntime is not installed; pip install 'onnxruntime>=1.32' (or the project: "
+                        "pip install -e .)") from None
+    return onnxruntime
+
+
+class Logits(nn.Module):
+    """The classifier's logits alone: the exported graph's one output (the hidden states it also
+    returns are for distillation, and would cost a (B, T, d_model) copy a call)."""
+
+    def __init__(self, model: Classifier):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, segment_ids, attention_mask)[0]
+
+
+def to_onnx(model: Classifier) -> bytes:
+    """The serialized ONNX model of `model`: int64 input_ids and segment_ids and a bool attention_mask
+    (B, T) -> float32 logits (B, n_classes); a backbone without segment embeddings ignores
+    segment_ids, which the graph still takes. The model is moved to CPU and put in eval mode (in
+    place, as nn.Module.to does)."""
+    onnxruntime()  # a missing runtime is said before a long export
+    try:
+        import onnxscript  # noqa: F401  the dynamo exporter writes its graph with it
+    except ImportError:
+        raise UserError("onnxscript is not installed (torch's ONNX exporter needs it); pip install "
+                        "'onnxscript>=0.7' (or the project: pip install -e .)") from None
+    logits = Logits(model).cpu().eval()
+    max_length = model.backbone.cfg.max_length
+    # two rows of (up to) 8 tokens: export specializes sizes 0 and 1, so the example avoids them
+    length = min(8, max_length)
+    input_ids = torch.zeros(2, length, dtype=torch.long)
+    example = (input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool))
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=max_length)
+    try:
+        program = torch.export.export(logits, example, dynamic_shapes=({0: batch, 1: sequence},) * 3, strict=True)
+        exported = torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
+                                     external_data=False, verbose=False)
+    except Exception as err:  # torch.export and the exporter raise many types; all mean the same to a user
+        raise UserError(f"cannot export the classifier to ONNX ({describe(err)}); the PyTorch folder still "
+                        "predicts (lib.predict)") from None
+    return exported.model_proto.SerializeToString()
+
+
+def quantize_int8(model: bytes) -> bytes:
+    """`model` (serialized ONNX) with ONNX Runtime's dynamic quantization: the weights of its
+    MatMul/Gemm nodes stored as int8 (QInt8), activations quantized to uint8 per call from their range."""
+    onnxruntime()  # one line when it is missing
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # quantize_dynamic reads a proto but writes only to a path
+    with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
+        source, target = Path(tmp) / "model.onnx", Path(tmp) / "model.int8.onnx"
+        source.write_bytes(model)
+        try:
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        except Exception as err:  # onnxruntime.quantization raises plain Exceptions and onnx errors
+            raise UserError(f"cannot quantize the ONNX model to int8 ({describe(err)})") from None
+        return target.read_bytes()
+
+
+def inference_session(model: bytes | str | Path, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session on `model` (serialized, or a file) with `threads` intra-op threads,
+    by default torch's current number (what lib.runtime set): PyTorch and ONNX Runtime timed on the
+    same threads compare."""
+    ort = onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.log_severity_level = 3  # errors only: its warnings name graph internals a user cannot act on
+    source = model if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's errors are its own pybind types, none shared
+        where = "the ONNX model" if isinstance(model, bytes) else str(model)
+        raise UserError(f"{where}: ONNX Runtime cannot load it ({describe(err)}); export it again "
+                        "(python -m lib.onnx_export <classifier folder>)") from None
+
+
+class OnnxForward:
+    """An ONNX Runtime session called as a Classifier is: (input_ids, segment_ids, attention_mask)
+    tensors -> (logits tensor, None), so TextClassifier runs it in place of the PyTorch model."""
+
+    def __init__(self, session: Any, vocab_size: int):
+        self.session, self.vocab_size = session, vocab_size
+        self.threads = session.get_session_options().intra_op_num_threads
+
+    def __call__(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
+                 attention_mask: torch.Tensor) -> tuple[torch.Tensor, None]:
+        feed = {name: tensor.cpu().numpy() for name, tensor in zip(INPUT_NAMES, (input_ids, segment_ids,
+                                                                                 attention_mask))}
+        return torch.from_numpy(self.session.run([OUTPUT_NAME], feed)[0]), None
+
+
+class OnnxClassifier(TextClassifier):
+    """TextClassifier through ONNX Runtime on CPU: the same inputs, predict and predict_proba."""
+
+    @classmethod
+    def load(cls, model_dir: str | Path, model: bytes | str | Path | None = None,
+             threads: int | None = None) -> OnnxClassifier:
+        """The classifier in `model_dir` (a finetune or distill folder) with its forward run by ONNX
+        Runtime on `model`: serialized ONNX, or a file (default: model_dir/model.onnx)."""
+        model = Path(model_dir) / ONNX_FILE if model is None else model
+        if not isinstance(model, bytes) and not Path(model).is_file():
+            raise UserError(f"{model}: no such ONNX file; write it with python -m lib.onnx_export {model_dir}")
+        # the folder's checks, tokenizer, labels and encoding are TextClassifier.load's, read once there
+        reference = TextClassifier.load(model_dir, device="cpu", precision="fp32")
+        forward = OnnxForward(inference_session(model, threads), reference.model.backbone.cfg.vocab_size)
+        return cls(forward, reference.tokenizer, reference.label_names, reference.encoding, reference.special,
+                   torch.device("cpu"), "fp32")
+
+
+def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8: bool = False) -> list[Path]:
+    """Write the classifier in `model_dir` as ONNX to `out_file` (default model_dir/model.onnx) and,
+    with `int8`, its dynamically quantized copy beside it (<name>.int8.onnx); each file is written
+    whole or not at all. Returns the files written."""
+    out_file = Path(model_dir) / ONNX_FILE if out_file is None else Path(out_file)
+    model, _ = load_classifier(Path(model_dir))
+    exported = to_onnx(model)
+    files = {out_file: exported}
+    if int8:
+        files[out_file.with_name(out_file.name.removesuffix(".onnx") + INT8_SUFFIX)] = quantize_int8(exported)
+    for path, data in files.items():
+        with atomic_file(path, "wb") as f:
+            f.write(data)
+    return list(files)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="a classifier folder (models/finetune/<task>, models/distill/<task>)")
+    parser.add_argument("--out", type=Path, help=f"the ONNX file (default: <model_dir>/{ONNX_FILE})")
+    parser.add_argument("--int8", action="store_true", help=f"also write the int8 copy (<name>{INT8_SUFFIX})")
+    args = parser.parse_args()
+    for path in export_onnx(args.model_dir, args.out, args.int8):
+        print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    run_main(main)
