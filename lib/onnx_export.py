@@ -22,8 +22,12 @@ example's; strict export (TorchDynamo) keeps it symbolic.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +84,36 @@ def to_onnx(model: Classifier) -> bytes:
     example = (input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool))
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=max_length)
     try:
-        program = torch.export.export(logits, example, dynamic_shapes=({0: batch, 1: sequence},) * 3, strict=True)
-        exported = torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
-                                     external_data=False, verbose=False)
+        with quiet_exporter():
+            program = torch.export.export(logits, example, dynamic_shapes=({0: batch, 1: sequence},) * 3,
+                                          strict=True)
+            exported = torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
+                                         external_data=False, verbose=False)
     except Exception as err:  # torch.export and the exporter raise many types; all mean the same to a user
         raise UserError(f"cannot export the classifier to ONNX ({describe(err)}); the PyTorch folder still "
                         "predicts (lib.predict)") from None
     return exported.model_proto.SerializeToString()
 
 
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence what torch's exporter says on every export that no user can act on: that torchvision
+    (which no classifier here uses) is not installed, and a deprecation inside torch's own pytree code."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def quantize_int8(model: bytes) -> bytes:
-    """`model` (serialized ONNX) with ONNX Runtime's dynamic quantization: the weights of its
-    MatMul/Gemm nodes stored as int8 (QInt8), activations quantized to uint8 per call from their range."""
+    """`model` (serialized ONNX) with ONNX Runtime's dynamic quantization: the weights of its MatMuls
+    and its embedding tables stored as int8 (QInt8), a MatMul's input quantized to uint8 per call from
+    its range; attention's score products, which have no weights, stay fp32."""
     onnxruntime()  # one line when it is missing
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -100,10 +122,29 @@ def quantize_int8(model: bytes) -> bytes:
         source, target = Path(tmp) / "model.onnx", Path(tmp) / "model.int8.onnx"
         source.write_bytes(model)
         try:
-            quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+            with without_preprocessing_advice():
+                quantize_dynamic(source, target, weight_type=QuantType.QInt8)
         except Exception as err:  # onnxruntime.quantization raises plain Exceptions and onnx errors
             raise UserError(f"cannot quantize the ONNX model to int8 ({describe(err)})") from None
         return target.read_bytes()
+
+
+class PreprocessingAdvice(logging.Filter):
+    """Drops quantize_dynamic's advice to run quant_pre_process first: its symbolic shape inference
+    fails on these graphs (TypeError in _infer_Concat, onnxruntime 1.32), so the advice cannot be taken."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Please consider to run pre-processing before quantization")
+
+
+@contextlib.contextmanager
+def without_preprocessing_advice() -> Iterator[None]:
+    advice = PreprocessingAdvice()
+    logging.getLogger().addFilter(advice)  # quantize_dynamic logs it on the root logger
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
 
 
 def inference_session(model: bytes | str | Path, threads: int | None = None) -> Any:
