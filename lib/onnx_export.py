@@ -2,9 +2,10 @@
 
 `to_onnx` exports a Classifier (any head, any backbone lib.model builds) to an ONNX graph from
 (input_ids, segment_ids, attention_mask) to logits, with dynamic batch and sequence axes; the
-sequence axis goes up to the model's max_length, the longest input it takes (Transformer.forward
-checks the length, so the exported graph holds that bound for ALiBi too). `quantize_int8` is ONNX
-Runtime's dynamic quantization of it: int8 weights, activations quantized per call.
+sequence axis goes up to the model's max_length, the longest input it takes, or for ALiBi (no
+position table: it extrapolates) up to the classifier's encoding max_len where that is longer.
+`quantize_int8` is ONNX Runtime's dynamic quantization of it: int8 weights, activations quantized
+per call.
 `OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
 the folder, the same encoding (lib.tasks.encode), batching and softmax, so only the forward differs.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -65,11 +67,19 @@ class Logits(nn.Module):
         return self.model(input_ids, segment_ids, attention_mask)[0]
 
 
-def to_onnx(model: Classifier) -> bytes:
+def folder_to_onnx(model_dir: Path) -> bytes:
+    """The serialized ONNX model of the classifier in `model_dir`, taking inputs as long as its
+    encoding makes them (see to_onnx)."""
+    model, info = load_classifier(model_dir)
+    return to_onnx(model, info.get("encoding", {}).get("max_len"))
+
+
+def to_onnx(model: Classifier, max_len: int | None = None) -> bytes:
     """The serialized ONNX model of `model`: int64 input_ids and segment_ids and a bool attention_mask
     (B, T) -> float32 logits (B, n_classes); a backbone without segment embeddings ignores
-    segment_ids, which the graph still takes. The model is moved to CPU and put in eval mode (in
-    place, as nn.Module.to does)."""
+    segment_ids, which the graph still takes. T goes up to the model's max_length, or for ALiBi up to
+    `max_len` (the longest input it will be given) where that is longer. The model is moved to CPU
+    and put in eval mode (in place, as nn.Module.to does)."""
     onnxruntime()  # a missing runtime is said before a long export
     try:
         import onnxscript  # noqa: F401  the dynamo exporter writes its graph with it
@@ -77,14 +87,14 @@ def to_onnx(model: Classifier) -> bytes:
         raise UserError("onnxscript is not installed (torch's ONNX exporter needs it); pip install "
                         "'onnxscript>=0.7' (or the project: pip install -e .)") from None
     logits = Logits(model).cpu().eval()
-    max_length = model.backbone.cfg.max_length
+    cfg = model.backbone.cfg
+    longest = max(cfg.max_length, max_len or 0) if cfg.position == "alibi" else cfg.max_length
     # two rows of (up to) 8 tokens: export specializes sizes 0 and 1, so the example avoids them
-    length = min(8, max_length)
-    input_ids = torch.zeros(2, length, dtype=torch.long)
+    input_ids = torch.zeros(2, min(8, longest), dtype=torch.long)
     example = (input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool))
-    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=max_length)
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=longest)
     try:
-        with quiet_exporter():
+        with quiet_exporter(), sequences_up_to(model, longest):
             program = torch.export.export(logits, example, dynamic_shapes=({0: batch, 1: sequence},) * 3,
                                           strict=True)
             exported = torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
@@ -93,6 +103,21 @@ def to_onnx(model: Classifier) -> bytes:
         raise UserError(f"cannot export the classifier to ONNX ({describe(err)}); the PyTorch folder still "
                         "predicts (lib.predict)") from None
     return exported.model_proto.SerializeToString()
+
+
+@contextlib.contextmanager
+def sequences_up_to(model: Classifier, longest: int) -> Iterator[None]:
+    """The backbone's max_positions raised to `longest` while in the block, a no-op for any model but
+    ALiBi. Transformer.forward compares the length with max_length before it asks whether positions
+    are ALiBi, and export turns that comparison into a bound on the sequence axis; ALiBi sizes no
+    table by max_positions, so raising it changes nothing else."""
+    backbone = model.backbone
+    cfg = backbone.cfg
+    backbone.cfg = dataclasses.replace(cfg, max_positions=longest + cfg.position_offset)
+    try:
+        yield
+    finally:
+        backbone.cfg = cfg
 
 
 @contextlib.contextmanager
@@ -202,8 +227,7 @@ def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8:
     with `int8`, its dynamically quantized copy beside it (<name>.int8.onnx); each file is written
     whole or not at all. Returns the files written."""
     out_file = Path(model_dir) / ONNX_FILE if out_file is None else Path(out_file)
-    model, _ = load_classifier(Path(model_dir))
-    exported = to_onnx(model)
+    exported = folder_to_onnx(Path(model_dir))
     files = {out_file: exported}
     if int8:
         files[out_file.with_name(out_file.name.removesuffix(".onnx") + INT8_SUFFIX)] = quantize_int8(exported)

@@ -84,7 +84,7 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
                          f"{next(iter(efficiency.values()))['cpu']['threads']} CPU threads.")
             if onnx:
                 lines.append(f"ONNX Runtime ran on the same {next(iter(onnx.values()))['cpu']['threads']} threads "
-                             "(intra_op_num_threads) as PyTorch, so the two latency columns compare. The int8 "
+                             "(intra_op_num_threads) as PyTorch, so the two latency columns compare; it runs fp32. The int8 "
                              "student is the student's ONNX graph with int8 weights (ONNX Runtime's dynamic "
                              "quantization); its size is the ONNX file's.")
             if "gpu" in next(iter(efficiency.values())):

@@ -28,14 +28,14 @@ import torch
 
 from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
-from lib.classifier import META_FILE, load_classifier
+from lib.classifier import META_FILE
 from lib.config import load_params, stage_params
 from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 from lib.model import load_model
-from lib.onnx_export import OnnxClassifier, quantize_int8, to_onnx
+from lib.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
 from lib.tasks import compute_metrics, confusion_matrix, read_task
@@ -193,7 +193,7 @@ def onnx_classifiers(models: dict[str, Path]) -> dict[str, tuple[OnnxClassifier,
     """Each classifier through ONNX Runtime on CPU, and the student quantized to int8 (INT8_ROLE),
     each with the bytes of its ONNX model. Exported in memory: the model folders are other stages'
     outputs, and evaluate's own are its reports."""
-    exported = {role: to_onnx(load_classifier(folder)[0]) for role, folder in models.items()}
+    exported = {role: folder_to_onnx(folder) for role, folder in models.items()}
     if "student" in exported:
         exported[INT8_ROLE] = quantize_int8(exported["student"])
     folders = {**models, INT8_ROLE: models.get("student")}

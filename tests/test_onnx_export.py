@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import lib.onnx_export
-from lib.classifier import Classifier, HeadConfig, save_classifier
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import TokenizerConfig
 from lib.errors import UserError
 from lib.model import Transformer, TransformerConfig
@@ -26,7 +25,8 @@ CORPUS = ["the film was good and the actors were great", "a dull plot with bad a
           "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
 TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
          "bad acting", "a long ending with good friends", "the plot"]  # one longer than MAX_LEN, one empty
-# name: (causal, position, segment embeddings, head features, ULMFiT block, pairs)
+# name: (causal, position, segment embeddings, head features, ULMFiT block, pairs); ALiBi's 8 positions are
+# fewer than MAX_LEN: it extrapolates, and its graph must take the longer inputs too
 MODELS = {"concat": (False, "learned", 2, "concat", True, False),
           "plain_pair": (False, "alibi", 2, "token", False, True),
           "causal": (True, "rope", 0, "concat", True, False)}
@@ -37,7 +37,8 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, causal: bool, posit
     torch.manual_seed(0)
     vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size()
     backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                                             dropout=0.0, max_positions=MAX_LEN, causal=causal, position=position,
+                                             dropout=0.0, max_positions=MAX_LEN // 2 if position == "alibi" else MAX_LEN,
+                                             causal=causal, position=position,
                                              segment_vocab=segment_vocab))
     model = Classifier(backbone, HeadConfig(len(LABELS), features=features, block=block, hidden=16, dropout=0.0))
     for weight in (p for p in model.parameters() if p.dim() > 1):  # untrained, but texts get different labels
@@ -125,7 +126,7 @@ def test_an_export_failure_is_one_line(folders, monkeypatch):
         raise RuntimeError("Dynamic control flow is not supported\nat line 3")
 
     monkeypatch.setattr(torch.export, "export", fails)
-    model, _ = lib.onnx_export.load_classifier(folders["concat"])
+    model, _ = load_classifier(folders["concat"])
     with pytest.raises(UserError) as err:
         to_onnx(model)
     assert str(err.value) == ("cannot export the classifier to ONNX (RuntimeError: Dynamic control flow is not "
