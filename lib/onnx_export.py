@@ -9,10 +9,14 @@ per call.
 `OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
 the folder, the same encoding (lib.tasks.encode), batching and softmax, so only the forward differs.
 
-    python -m lib.onnx_export models/distill/imdb --int8   # writes model.onnx and model.int8.onnx there
+    python -m lib.onnx_export models/distill/imdb --int8 --out deploy/imdb.onnx   # and deploy/imdb.int8.onnx
 
     from lib.onnx_export import OnnxClassifier
-    OnnxClassifier.load("models/distill/imdb").predict(["A wonderful film."])
+    OnnxClassifier.load("models/distill/imdb", "deploy/imdb.onnx").predict(["A wonderful film."])
+
+Without --out the file goes into the classifier folder. In a folder a DVC stage wrote (models/finetune,
+models/distill) that changes the stage's recorded output, and `dvc repro` would run the stage again:
+write those elsewhere.
 
 Exporter: torch.onnx.export's dynamo exporter, from a strict torch.export graph. The TorchScript
 exporter (dynamo=False) writes the padding mask's torch.eye as a boolean EyeLike node, which ONNX
@@ -240,7 +244,8 @@ def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="a classifier folder (models/finetune/<task>, models/distill/<task>)")
-    parser.add_argument("--out", type=Path, help=f"the ONNX file (default: <model_dir>/{ONNX_FILE})")
+    parser.add_argument("--out", type=Path, help=f"the ONNX file (default: <model_dir>/{ONNX_FILE}; for a folder a "
+                        "DVC stage wrote, write elsewhere: a file added there makes dvc repro rerun the stage)")
     parser.add_argument("--int8", action="store_true", help=f"also write the int8 copy (<name>{INT8_SUFFIX})")
     args = parser.parse_args()
     for path in export_onnx(args.model_dir, args.out, args.int8):
