@@ -8,11 +8,13 @@ forward is the one prediction runs (`lib.predict`): inference mode, in the preci
 resolves (auto: bf16 on CUDA, and on a CPU only where bf16 proved faster). Latency is per call
 (batch 1 by default: one request); throughput is sequences per second over full batches. A
 measurement runs for at least `repeats` calls and at least MIN_MEASURED_S, so a tiny model that
-takes microseconds a call is not timed on timer noise.
+takes microseconds a call is not timed on timer noise. `onnx_latency` times the ONNX Runtime forward
+(lib.onnx_export) on the same inputs under the same rules, on the session's threads.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +48,18 @@ def latency(model: Classifier, seq_len: int, device: str | torch.device, *, batc
     """{"p50_ms", "p95_ms", "mean_ms"}: milliseconds per forward of `batch_size` sequences of `seq_len`
     tokens. `threads` sets torch's CPU threads for the measurement; `precision` is auto, bf16 or fp32.
     The model is moved to `device` (in place, as nn.Module.to does) and left in its training mode."""
-    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision)
-    ms = np.array(times) * 1000
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "mean_ms": float(ms.mean())}
+    return _milliseconds(_timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads,
+                                      precision))
+
+
+def onnx_latency(forward: Callable[..., object], vocab_size: int, seq_len: int, *, batch_size: int = 1,
+                 warmup: int = 5, repeats: int = 50) -> dict[str, float]:
+    """As `latency`, for an ONNX Runtime forward on CPU: `forward` is called as a Classifier is
+    (lib.onnx_export.OnnxForward, what OnnxClassifier predicts with; not imported here, so the stages
+    that time PyTorch alone do not depend on it), on the same inputs under the same rules, with the
+    threads its session was made with."""
+    inputs = _random_inputs(vocab_size, batch_size, seq_len, torch.device("cpu"))
+    return _milliseconds(_measured(lambda: forward(*inputs), warmup, repeats))
 
 
 def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
@@ -59,37 +69,61 @@ def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, b
     return batch_size * len(times) / sum(times)
 
 
+def _milliseconds(times: list[float]) -> dict[str, float]:
+    ms = np.array(times) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "mean_ms": float(ms.mean())}
+
+
+def _random_inputs(vocab_size: int, batch_size: int, seq_len: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, segment_ids, attention_mask): random ids of exactly `seq_len` tokens, the same on
+    every call, with an all-true mask, as lib.predict passes one: the same attention path as a real
+    prediction."""
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be >= 1")
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(vocab_size, (batch_size, seq_len), generator=generator).to(device)
+    return input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool)
+
+
+def _measured(call: Callable[[], object], warmup: int, repeats: int) -> list[float]:
+    """Seconds of each timed `call` after `warmup` untimed ones: at least `repeats` of them and
+    MIN_MEASURED_S in all."""
+    if repeats < 1:
+        raise ValueError(f"repeats ({repeats}) must be >= 1")
+    times: list[float] = []
+    measured = 0.0
+    for index in range(warmup + MAX_CALLS):
+        start = time.perf_counter()
+        call()
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+            measured += times[-1]
+            if len(times) >= repeats and measured >= MIN_MEASURED_S:
+                break
+    return times
+
+
 def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
                  threads: int | None, precision: str) -> list[float]:
-    """Seconds of each timed forward: at least `repeats` of them and MIN_MEASURED_S in all."""
-    if seq_len < 1 or batch_size < 1 or repeats < 1:
-        raise ValueError(f"seq_len ({seq_len}), batch_size ({batch_size}) and repeats ({repeats}) must be >= 1")
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(model.backbone.cfg.vocab_size, (batch_size, seq_len), generator=generator).to(device)
-    segment_ids = torch.zeros_like(input_ids)
-    # an all-true mask, as lib.predict passes one: the same attention path as a real prediction
-    attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    """Seconds of each timed forward (see _measured)."""
+    inputs = _random_inputs(model.backbone.cfg.vocab_size, batch_size, seq_len, device)
     # resolved at the stage's thread count, the one the probe's cached answer is for
     resolved = runtime.resolve_precision(precision, device, key="precision")
     was_training, previous_threads = model.training, torch.get_num_threads()
     model.to(device).eval()
     if threads is not None:
         torch.set_num_threads(threads)
+
+    def forward() -> None:
+        model(*inputs)
+        _sync(device)  # CUDA returns before the kernels have run
+
     try:
-        times: list[float] = []
-        measured = 0.0
+        _sync(device)  # nothing queued before the clock starts
         with torch.inference_mode(), runtime.autocast(device, resolved):
-            for call in range(warmup + MAX_CALLS):
-                _sync(device)  # nothing queued before the clock starts
-                start = time.perf_counter()
-                model(input_ids, segment_ids, attention_mask)
-                _sync(device)  # CUDA returns before the kernels have run
-                if call >= warmup:
-                    times.append(time.perf_counter() - start)
-                    measured += times[-1]
-                    if len(times) >= repeats and measured >= MIN_MEASURED_S:
-                        break
-        return times
+            return _measured(forward, warmup, repeats)
     finally:
         torch.set_num_threads(previous_threads)
         model.train(was_training)

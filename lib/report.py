@@ -23,7 +23,8 @@ ANNOTATED_MAX_CLASSES = 20
 FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
-         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR"}
+         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR",
+         "student_int8": "student, int8 (ONNX Runtime)"}
 
 
 def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),
@@ -74,17 +75,28 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
             cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
             lines.append(f"| {row_label(model, r['splits'][splits[0]])} | " + " | ".join(cells) + " |")
         lines.append("")
-        efficiency = r.get("efficiency", {})
+        efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
         if efficiency:
             lines += ["| model | parameters | size on disk | CPU p50 / p95 ms (batch 1) | CPU sequences/s (batch "
-                      f"{next(iter(efficiency.values()))['cpu']['batch']}) |", "|---|---:|---:|---:|---:|"]
+                      f"{next(iter(efficiency.values()))['cpu']['batch']}) | ONNX Runtime CPU p50 / p95 ms (batch 1) |",
+                      "|---|---:|---:|---:|---:|---:|"]
             for role, e in efficiency.items():
                 cpu = e["cpu"]
                 lines.append(f"| {ROLES.get(role, role)} | {e['params']:,} | {e['disk_bytes'] / 1e6:.1f} MB | "
-                             f"{cpu['p50_ms']:.1f} / {cpu['p95_ms']:.1f} | {cpu['throughput']:.0f} |")
+                             f"{cpu['p50_ms']:.1f} / {cpu['p95_ms']:.1f} | {cpu['throughput']:.0f} | "
+                             f"{onnx_milliseconds(onnx.get(role))} |")
+            if "student_int8" in onnx:  # the student's parameters, stored as int8 in its ONNX file
+                int8 = onnx["student_int8"]
+                lines.append(f"| {ROLES['student_int8']} | {efficiency['student']['params']:,} | "
+                             f"{int8['disk_bytes'] / 1e6:.1f} MB | – | – | {onnx_milliseconds(int8)} |")
             lines.append("")
             lines.append(f"Timed at {next(iter(efficiency.values()))['cpu']['seq_len']} tokens per sequence on "
                          f"{next(iter(efficiency.values()))['cpu']['threads']} CPU threads.")
+            if onnx:
+                lines.append(f"ONNX Runtime ran on the same {next(iter(onnx.values()))['cpu']['threads']} threads "
+                             "(intra_op_num_threads) as PyTorch, so the two latency columns compare; it runs fp32. The int8 "
+                             "student is the student's ONNX graph with int8 weights (ONNX Runtime's dynamic "
+                             "quantization); its size is the ONNX file's.")
             if "gpu" in next(iter(efficiency.values())):
                 lines.append("GPU: " + "; ".join(f"{role} p50 {e['gpu']['p50_ms']:.2f} ms, {e['gpu']['throughput']:.0f}"
                                                  " sequences/s" for role, e in efficiency.items()))
@@ -94,6 +106,11 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
                       f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
     lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
     return "\n".join(lines)
+
+
+def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
+    """An ONNX Runtime latency cell, p50 / p95 ms; – where the model was not run there."""
+    return "–" if timing is None else f"{timing['cpu']['p50_ms']:.1f} / {timing['cpu']['p95_ms']:.1f}"
 
 
 def row_label(model: str, split: dict[str, Any]) -> str:

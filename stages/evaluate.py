@@ -13,6 +13,11 @@ when there is one, and writes metrics/evaluate.json, DVC plot data under --plots
 of teacher, student and the TF-IDF baseline), and reports/ (summary.md, headed by the commit, params
 digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to the
 MLflow parent run; the teacher and student are logged as MLflow pyfunc models.
+
+ONNX (lib.onnx_export): teacher and student are exported in memory and timed in ONNX Runtime on CPU
+at batch 1, on torch's CPU threads, beside their PyTorch CPU latency; the student's graph with int8
+weights (ONNX Runtime's dynamic quantization), what a CPU deployment would run, is scored on every
+split the student is and timed the same way.
 """
 import argparse
 import hashlib
@@ -29,17 +34,19 @@ from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
 from lib.config import load_params, stage_params
-from lib.efficiency import latency, parameter_count, size_on_disk, throughput
+from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.raw import localize
 from lib.model import load_model
+from lib.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
 from lib.tasks import compute_metrics, confusion_matrix, read_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
 from lib.trainer import resolve_device
 
+INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,6 +104,8 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.max_eval_examples)
     # scored where the stage runs (bf16 on a GPU, as finetune scored them); timed on CPU and GPU below
     classifiers = {role: TextClassifier.load(folder, device=params.device) for role, folder in models.items()}
+    onnx = onnx_classifiers(models)
+    scored = {**classifiers, **{role: c for role, (c, _) in onnx.items() if role == INT8_ROLE}}
     result = {"metric": metric_names[0], "metrics": metric_names, "splits": {}, "confusion": {}}
     if "teacher" in models:
         info = json.loads((models["teacher"] / META_FILE).read_text(encoding="utf-8"))
@@ -112,7 +121,7 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
         n_classes = len(rows.label_names)
         scores = {}
         first = not result["splits"]
-        for role, classifier in classifiers.items():
+        for role, classifier in scored.items():
             print(f"{name} {split}: scoring the {role} on {len(rows.eval)} examples ({classifier.device.type})",
                   flush=True)
             texts = [row.a for row in rows.eval]
@@ -157,6 +166,8 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
         result["note"] = " ".join(notes)
     print(f"{name}: timing {', '.join(classifiers)}", flush=True)
     result["efficiency"] = {role: efficiency(c, models[role], cfg) for role, c in classifiers.items()}
+    print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)
+    result["onnx"] = {role: onnx_efficiency(c, size, cfg) for role, (c, size) in onnx.items()}
     if distilled and "teacher" in result["efficiency"] and "student" in result["efficiency"]:
         first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
         teacher, student = first_scores["teacher"][metric_names[0]], first_scores["student"][metric_names[0]]
@@ -224,6 +235,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def onnx_classifiers(models: dict[str, Path]) -> dict[str, tuple[OnnxClassifier, int]]:
+    """Each classifier through ONNX Runtime on CPU, and the student quantized to int8 (INT8_ROLE),
+    each with the bytes of its ONNX model. Exported in memory: the model folders are other stages'
+    outputs, and evaluate's own are its reports."""
+    exported = {role: folder_to_onnx(folder) for role, folder in models.items()}
+    if "student" in exported:
+        exported[INT8_ROLE] = quantize_int8(exported["student"])
+    folders = {**models, INT8_ROLE: models.get("student")}
+    return {role: (OnnxClassifier.load(folders[role], model), len(model)) for role, model in exported.items()}
+
+
+def onnx_efficiency(classifier: OnnxClassifier, size: int, cfg) -> dict:
+    """Size of the ONNX model, and its CPU latency at batch 1 in ONNX Runtime at evaluate.latency_seq_len
+    tokens, on the session's threads: torch's, so it compares with the PyTorch CPU latency."""
+    forward = classifier.model
+    timing = onnx_latency(forward, forward.vocab_size, cfg.latency_seq_len, repeats=cfg.latency_repeats)
+    return {"disk_bytes": size, "cpu": {**timing, "seq_len": cfg.latency_seq_len, "threads": forward.threads}}
 
 
 def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lib.classifier import Classifier, HeadConfig, save_classifier
-from lib.efficiency import MIN_MEASURED_S, latency, parameter_count, size_on_disk, throughput
+from lib.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.model import Transformer, TransformerConfig
 from tests.helpers import stub_tokenizer_dir
 
@@ -53,3 +53,17 @@ def test_latency_and_throughput_on_a_tiny_model():
     assert throughput(model, SEQ_LEN, "cpu", batch_size=4, repeats=2) > 0
     with pytest.raises(ValueError, match="max_positions"):
         latency(model, 33, "cpu", repeats=1)
+
+
+def test_onnx_latency_times_any_forward_under_the_same_rules():
+    shapes = []
+
+    def forward(input_ids, segment_ids, attention_mask):
+        shapes.append((tuple(input_ids.shape), segment_ids.sum().item(), attention_mask.all().item()))
+        time.sleep(0.001)  # a millisecond a call: MIN_MEASURED_S, not MAX_CALLS, ends the measurement
+
+    start = time.perf_counter()
+    timing = onnx_latency(forward, 100, SEQ_LEN, warmup=2, repeats=5)
+    assert time.perf_counter() - start >= MIN_MEASURED_S and len(shapes) >= 2 + 5
+    assert set(shapes) == {((1, SEQ_LEN), 0, True)}  # batch 1, no padding, as latency times
+    assert 0 < timing["p50_ms"] <= timing["p95_ms"] and set(timing) == {"p50_ms", "p95_ms", "mean_ms"}

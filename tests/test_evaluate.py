@@ -1,4 +1,5 @@
 """The evaluate stage's per-task decisions, on a tiny task without running the stage."""
+import json
 import re
 from types import SimpleNamespace
 
@@ -80,3 +81,30 @@ def test_report_says_where_the_language_model_started():
                   "adapt": {"enabled": False, "objective": "mlm"}}
     assert stages.evaluate.starting_point(checkpoint) == ("the published checkpoint `hf:org/bert` (bert), kept as it "
                                                           "is; not adapted (adapt.enabled: false)")
+
+
+def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_class_task, tmp_path):
+    """Teacher and student timed in ONNX Runtime on torch's threads; the int8 student scored on the
+    student's split and timed, with the bytes of its ONNX file."""
+    import torch
+
+    from tests.test_onnx_export import CORPUS, save_tiny_classifier
+    from lib.config import TokenizerConfig
+    from lib.tokenizer import train_tokenizer
+
+    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), tmp_path / "tok")
+    models = {role: save_tiny_classifier(tmp_path / role, tmp_path / "tok", False, "learned", 2, "concat", True, False)
+              for role in ("teacher", "student")}
+    info = json.loads((models["teacher"] / "classifier.json").read_text())
+    (models["teacher"] / "classifier.json").write_text(json.dumps({**info, "variant": "plain", "seed": 1}))
+    params = Params(corpora=None, tasks={"toy": three_class_task}, device="cpu", finetune=FinetuneConfig(tasks=["toy"]),
+                    evaluate=EvaluateConfig(tfidf_c=[1.0], latency_seq_len=12, latency_repeats=3, throughput_batch=2))
+    result = stages.evaluate.evaluate_task("toy", three_class_task, models, None, None, None, None, None, params)
+
+    scores = result["splits"]["validation"]["scores"]
+    assert set(scores["student_int8"]) == set(scores["student"]) == {"accuracy"}
+    assert set(result["onnx"]) == {"teacher", "student", "student_int8"}
+    for role, figures in result["onnx"].items():
+        assert figures["cpu"]["threads"] == torch.get_num_threads() == result["efficiency"]["student"]["cpu"]["threads"]
+        assert figures["cpu"]["seq_len"] == 12 and 0 < figures["cpu"]["p50_ms"] <= figures["cpu"]["p95_ms"]
+    assert result["onnx"]["student_int8"]["disk_bytes"] < result["onnx"]["student"]["disk_bytes"]

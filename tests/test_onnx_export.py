@@ -1,0 +1,162 @@
+"""ONNX export of classifier folders: ONNX Runtime gives TextClassifier's probabilities for every head,
+pairs and a causal model, whatever a row is batched with; the int8 copy mostly agrees; faults are
+one line."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.config import TokenizerConfig
+from lib.errors import UserError
+from lib.model import Transformer, TransformerConfig
+from lib.onnx_export import INPUT_NAMES, INT8_SUFFIX, ONNX_FILE, OnnxClassifier, export_onnx, to_onnx
+from lib.predict import TextClassifier
+from lib.report import markdown
+from lib.tokenizer import load_tokenizer, train_tokenizer
+from tests.helpers import ROOT
+
+LABELS = ["negative", "neutral", "positive"]
+MAX_LEN = 16
+CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
+          "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
+TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
+         "bad acting", "a long ending with good friends", "the plot"]  # one longer than MAX_LEN, one empty
+# name: (causal, position, segment embeddings, head features, ULMFiT block, pairs); ALiBi's 8 positions are
+# fewer than MAX_LEN: it extrapolates, and its graph must take the longer inputs too
+MODELS = {"concat": (False, "learned", 2, "concat", True, False),
+          "plain_pair": (False, "alibi", 2, "token", False, True),
+          "causal": (True, "rope", 0, "concat", True, False)}
+
+
+def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, causal: bool, position: str, segment_vocab: int,
+                         features: str, block: bool, pairs: bool) -> Path:
+    torch.manual_seed(0)
+    vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size()
+    backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
+                                             dropout=0.0, max_positions=MAX_LEN // 2 if position == "alibi" else MAX_LEN,
+                                             causal=causal, position=position,
+                                             segment_vocab=segment_vocab))
+    model = Classifier(backbone, HeadConfig(len(LABELS), features=features, block=block, hidden=16, dropout=0.0))
+    for weight in (p for p in model.parameters() if p.dim() > 1):  # untrained, but texts get different labels
+        torch.nn.init.normal_(weight, std=0.3)
+    encoding = {"max_len": MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pairs else "text",
+                "text_pair_field": "hypothesis" if pairs else None}
+    save_classifier(model, out_dir, tokenizer_dir, {"label_names": LABELS, "encoding": encoding})
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A classifier folder per MODELS entry, each with its model.onnx (the concat one also int8)."""
+    root = tmp_path_factory.mktemp("onnx")
+    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), root / "tok")
+    made = {name: save_tiny_classifier(root / name, root / "tok", *spec) for name, spec in MODELS.items()}
+    for name, folder in made.items():
+        export_onnx(folder, int8=name == "concat")
+    return made
+
+
+def inputs(folder: Path) -> tuple[list[str], list[str] | None]:
+    return TEXTS, list(reversed(TEXTS)) if MODELS[folder.name][5] else None
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnx_runtime_gives_text_classifiers_probabilities(folders, name):
+    folder = folders[name]
+    reference = TextClassifier.load(folder, device="cpu", precision="fp32")
+    onnx = OnnxClassifier.load(folder)
+    expected = reference.predict_proba(*inputs(folder))
+    assert np.ptp(expected, axis=0).max() > 0.1  # the texts get different probabilities: a constant would not pass
+    probabilities = onnx.predict_proba(*inputs(folder), batch_size=3)
+    assert probabilities.dtype == np.float32 and probabilities.shape == (len(TEXTS), len(LABELS))
+    np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    assert onnx.predict(*inputs(folder)) == reference.predict(*inputs(folder))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_padding_in_a_batch_does_not_change_a_rows_probabilities(folders, name):
+    onnx = OnnxClassifier.load(folders[name])
+    alone = onnx.predict_proba(*inputs(folders[name]), batch_size=1)
+    batched = onnx.predict_proba(*inputs(folders[name]), batch_size=len(TEXTS))  # padded to the longest
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+
+
+def test_the_graph_takes_any_batch_and_sequence_length(folders):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(folders["causal"] / ONNX_FILE), providers=["CPUExecutionProvider"])
+    # all three inputs, though this backbone has no segment embeddings: every graph is fed alike
+    assert [node.name for node in session.get_inputs()] == list(INPUT_NAMES)
+    for batch, length in ((1, 2), (5, MAX_LEN)):
+        ids = np.ones((batch, length), dtype=np.int64)
+        feed = {"input_ids": ids, "segment_ids": np.zeros_like(ids), "attention_mask": np.ones_like(ids, dtype=bool)}
+        logits = session.run(None, feed)[0]
+        assert logits.shape == (batch, len(LABELS))
+
+
+def test_files_are_written_whole_beside_nothing_else(folders):
+    names = {path.name for path in folders["concat"].iterdir()}
+    assert {ONNX_FILE, f"model{INT8_SUFFIX}"} <= names and not any(".tmp-" in name for name in names)
+
+
+def test_int8_copy_is_smaller_and_mostly_agrees_with_fp32(folders):
+    folder = folders["concat"]
+    fp32 = OnnxClassifier.load(folder)
+    int8 = OnnxClassifier.load(folder, folder / f"model{INT8_SUFFIX}")
+    assert (folder / f"model{INT8_SUFFIX}").stat().st_size < (folder / ONNX_FILE).stat().st_size
+    words = " ".join(CORPUS).split()
+    texts = [" ".join(words[i % len(words):][:3 + i % 9]) for i in range(200)]
+    agreement = (int8.predict_proba(texts).argmax(1) == fp32.predict_proba(texts).argmax(1)).mean()
+    assert agreement >= 0.9  # measured 0.975 (195 of 200) on this model; 0.985 and 1.0 on the other two
+
+
+def test_a_missing_onnxruntime_is_one_line(folders, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # None: importing it fails
+    with pytest.raises(UserError, match=r"^onnxruntime is not installed; pip install 'onnxruntime>=") as err:
+        OnnxClassifier.load(folders["concat"])
+    assert "\n" not in str(err.value)
+
+
+def test_an_export_failure_is_one_line(folders, monkeypatch):
+    def fails(*args, **kwargs):
+        raise RuntimeError("Dynamic control flow is not supported\nat line 3")
+
+    monkeypatch.setattr(torch.export, "export", fails)
+    model, _ = load_classifier(folders["concat"])
+    with pytest.raises(UserError) as err:
+        to_onnx(model)
+    assert str(err.value) == ("cannot export the classifier to ONNX (RuntimeError: Dynamic control flow is not "
+                              "supported); the PyTorch folder still predicts (lib.predict)")
+
+
+def test_a_folder_without_an_onnx_file_is_one_line(folders, tmp_path):
+    with pytest.raises(UserError, match="no such ONNX file; write it with python -m lib.onnx_export"):
+        OnnxClassifier.load(folders["concat"], tmp_path / "missing.onnx")
+
+
+def test_the_command_line_says_one_line_for_a_wrong_folder(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "lib.onnx_export", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {tmp_path}/classifier.json: not a classifier description")
+
+
+def test_the_summary_puts_onnx_runtime_beside_pytorch():
+    cpu = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128,
+           "threads": 2}
+    onnx_cpu = {"p50_ms": 4.0, "p95_ms": 4.5, "mean_ms": 4.1, "seq_len": 128, "threads": 2}
+    result = {"metric": "accuracy", "metrics": ["accuracy"], "confusion": {},
+              "splits": {"test": {"examples": 10, "train_examples": 10, "full_train_examples": 10,
+                                  "scores": {"student": {"accuracy": 0.8}, "student_int8": {"accuracy": 0.79}}}},
+              "efficiency": {"student": {"params": 600, "disk_bytes": 2_400_000, "cpu": cpu}},
+              "onnx": {"student": {"disk_bytes": 2_500_000, "cpu": onnx_cpu},
+                       "student_int8": {"disk_bytes": 700_000, "cpu": {**onnx_cpu, "p50_ms": 2.0, "p95_ms": 2.2}}}}
+    text = markdown({"imdb": result}, [])
+    assert "| student, int8 (ONNX Runtime) | 79.0 |" in text
+    assert "| student (distilled) | 600 | 2.4 MB | 10.0 / 12.5 | 150 | 4.0 / 4.5 |" in text
+    assert "| student, int8 (ONNX Runtime) | 600 | 0.7 MB | – | – | 2.0 / 2.2 |" in text
+    assert "ONNX Runtime ran on the same 2 threads (intra_op_num_threads) as PyTorch" in text
