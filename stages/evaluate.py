@@ -15,7 +15,6 @@ student are logged as MLflow pyfunc models.
 """
 import argparse
 import json
-from functools import partial
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,7 +75,7 @@ def main() -> None:
         for name in results:
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
-                    run.log_model(partial(log_pyfunc, folder / name, f"{name}-{role}"), f"{name}-{role}")
+                    run.log_model(log_pyfunc, folder / name, f"{name}-{role}")
 
 
 def read_json(path: Path) -> dict:
