@@ -29,10 +29,13 @@ experiment could write into its throw-away copy. So in a SQLite store the experi
 location is the relative `mlruns/<experiment id>`, and every run's artifacts lie in `mlruns/` beside
 mlflow.db: this module writes them there from any working directory, and `mlflow ui` started in that
 folder (where its default store is that mlflow.db) reads them, wherever the folder was copied or
-moved. Other stores (a tracking server) keep their own artifact locations.
+moved; a reader started elsewhere finds none. Other stores (a tracking server) keep their own artifact
+locations.
 
 The experiment is tagged `mlflow.experimentKind: custom_model_development`, MLflow 3's mark of a model
-training experiment (without it the UI takes it for a GenAI one).
+training experiment. The 3.17 UI also has a switch per browser (GenAI / Machine learning, GenAI until
+changed) that decides where `#/experiments/<id>` opens, so the stage that creates the experiment
+prints the address of its runs table, `#/experiments/<id>/runs`, which opens there either way.
 
 What is logged where. The settings a stage reads: params. Facts it reports (sizes, counts, durations,
 throughputs, names): `log_summary`, as `summary.<key>` tags, columns of the runs table rather than
@@ -89,13 +92,12 @@ def _sqlite_store() -> Path | None:
     return Path(uri[len("sqlite:///"):]).resolve() if uri.startswith("sqlite:///") else None
 
 
-@contextlib.contextmanager
-def _in_store_folder() -> Iterator[None]:
-    """MLflow resolves a relative artifact location from the working directory: work from the store's
-    folder while it writes artifacts (a queued experiment runs in a temp copy)."""
-    store = _sqlite_store()
-    with contextlib.chdir(store.parent) if store else contextlib.nullcontext():
-        yield
+def _absolute_artifact_uri(artifact_uri: str) -> str:
+    """`artifact_uri` as found from any working directory (a queued experiment runs in a temp copy): a
+    relative one is in the store's folder."""
+    store, uri = _sqlite_store(), urllib.parse.urlparse(artifact_uri)
+    relative = store is not None and not uri.scheme and not os.path.isabs(uri.path)
+    return str(store.parent / artifact_uri) if relative else artifact_uri
 
 
 def _git(*args: str) -> str:
@@ -130,16 +132,20 @@ class StageRun:
     def active(self) -> bool:
         return self.client is not None
 
-    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
-        """self.client.<method>(*args, **kwargs), unless tracking is off or has failed."""
-        if not self.active:
-            return
+    @contextlib.contextmanager
+    def _guarded(self, what: str) -> Iterator[None]:
+        """Run the block; an error in it warns (once per process) and turns tracking off for this run."""
         try:
-            with _in_store_folder():
-                getattr(self.client, method)(*args, **kwargs)
+            yield
         except Exception as err:
             warn(f"MLflow could not {what} ({describe(err)}); the stage goes on without tracking")
             self.client = None
+
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
+        """self.client.<method>(*args, **kwargs), unless tracking is off or has failed."""
+        if self.active:
+            with self._guarded(what):
+                getattr(self.client, method)(*args, **kwargs)
 
     def _log_batch(self, what: str, kind: str, items: list, size: int) -> None:
         """`items` of one kind (params, metrics or tags) in batches of at most `size`, MLflow's limit."""
@@ -175,8 +181,15 @@ class StageRun:
                                                    if isinstance(v, (int, float)) and not isinstance(v, bool)], 1000)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        method = "log_artifacts" if Path(path).is_dir() else "log_artifact"
-        self._call(f"log artifact {path}", method, self.run_id, str(Path(path).resolve()), artifact_path)
+        """A file, or a folder's files, into the run's artifacts (under `artifact_path`)."""
+        if not self.active:
+            return
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        with self._guarded(f"log artifact {path}"):
+            uri = self.client.get_run(self.run_id).info.artifact_uri
+            repository = get_artifact_repository(_absolute_artifact_uri(uri))
+            (repository.log_artifacts if Path(path).is_dir() else repository.log_artifact)(str(path), artifact_path)
 
     def on_log(self, step: int, row: dict[str, Any]) -> None:
         """Trainer callback: a row of training metrics at `step`."""
@@ -188,15 +201,12 @@ class StageRun:
         """A run nested under this one (a finetune stage's task x variant x seed), with its params logged."""
         child = StageRun()
         if self.active:
-            try:
+            with self._guarded(f"open run {name}"):
                 parent = self.client.get_run(self.run_id)
                 tags = {**{k: v for k, v in parent.data.tags.items() if k in CHILD_TAGS}, **tags,
                         "mlflow.parentRunId": self.run_id}
                 run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=tags)
                 child = StageRun(self.client, run.info.run_id)
-            except Exception as err:
-                warn(f"MLflow could not open run {name} ({describe(err)}); the stage goes on without tracking")
-                self.client = None
         child.log_params(params)
         return child
 
@@ -212,15 +222,14 @@ class StageRun:
             return None
         import mlflow
 
-        folder = Path(folder).resolve()  # before _in_store_folder changes the working directory
-        try:
+        folder, store = Path(folder).resolve(), _sqlite_store()
+        with self._guarded(f"log model {name}"):
             mlflow.set_tracking_uri(tracking_uri())
-            with _in_store_folder(), mlflow.start_run(run_id=self.run_id):
-                return log(folder, name)
-        except Exception as err:
-            warn(f"MLflow could not log model {name} ({describe(err)}); the stage goes on without tracking")
-            self.client = None
-            return None
+            # MLflow writes a model where its relative artifact location points from the working directory
+            with contextlib.chdir(store.parent) if store else contextlib.nullcontext():
+                with mlflow.start_run(run_id=self.run_id):
+                    return log(folder, name)
+        return None
 
     def finish(self, status: str) -> None:
         self._call("end the run", "set_terminated", self.run_id, status)
