@@ -113,7 +113,10 @@ def write_outputs(metrics: dict[str, Any], history: list[dict], paths: LMPaths, 
     for name, columns in CURVES.items():
         write_csv(paths.plots / f"{name}.csv", columns,
                   [[row.get(c, "") for c in columns] for row in history if f"{name}_loss" in row])
-    run.log_metrics(metrics)
+    # the validation curve's last point (a resumed run logged no earlier one), where it started, then the facts
+    run.log_metrics({k: v for k, v in metrics.items() if k.startswith("val_")}, step=metrics["steps"])
+    run.log_metrics({k.removeprefix("before_"): v for k, v in metrics.items() if k.startswith("before_val_")}, step=0)
+    run.log_summary({k: v for k, v in metrics.items() if not k.startswith(("val_", "before_val_"))})
     for path in (paths.metrics, paths.plots):
         run.log_artifact(path)
 
