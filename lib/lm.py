@@ -125,7 +125,7 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
 def keep_checkpoint(params: Params, objective: Objective, imported: ImportedModel, paths: LMPaths, run: Any) -> None:
     """pretrain.with_init keep: the checkpoint goes on as the pretrained model, with no curves."""
     save_model_folder(objective, paths.tokenizer, paths.out)
-    metrics = {"init": params.init, "family": imported.family, "kept": True, "objective": objective.name,
+    metrics = {"init": params.init, "family": imported.family, "kept": True, "steps": 0, "objective": objective.name,
                "params": objective.backbone().num_params(), "fresh": sorted(imported.fresh)}
     write_outputs(metrics, [], paths, run)
     print(f"pretrain.with_init is keep: {params.init} goes on unchanged", flush=True)
@@ -145,7 +145,10 @@ def write_outputs(metrics: dict[str, Any], history: list[dict], paths: LMPaths, 
     for name, columns in CURVES.items():
         write_csv(paths.plots / f"{name}.csv", columns,
                   [[row.get(c, "") for c in columns] for row in history if f"{name}_loss" in row])
-    run.log_metrics(metrics)
+    # the validation curve's last point (a resumed run logged no earlier one), where it started, then the facts
+    run.log_metrics({k: v for k, v in metrics.items() if k.startswith("val_")}, step=metrics["steps"])
+    run.log_metrics({k.removeprefix("before_"): v for k, v in metrics.items() if k.startswith("before_val_")}, step=0)
+    run.log_summary({k: v for k, v in metrics.items() if not k.startswith(("val_", "before_val_"))})
     for path in (paths.metrics, paths.plots):
         run.log_artifact(path)
 

@@ -50,7 +50,7 @@ def main() -> None:
             metrics["decontamination"] = contamination.summary()
         write_json(args.metrics, metrics)
         write_rule_plot(args.plots / "rules.csv", metrics)
-        run.log_metrics(metrics)
+        run.log_summary(metrics)
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
 

@@ -30,7 +30,7 @@ def main() -> None:
     with tracking.stage_run("data", params.tracking, params, stage_params(params, "data")) as run:
         report = read_all(params, args.out)
         write_json(args.metrics, report)
-        run.log_metrics({f"{name}.rows.{split}": n for name, r in report.items() for split, n in r["rows"].items()})
+        run.log_summary({f"{name}.rows.{split}": n for name, r in report.items() for split, n in r["rows"].items()})
         run.log_artifact(args.metrics)
 
 

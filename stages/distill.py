@@ -110,8 +110,8 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
         child.finish("FAILED")
         raise
     child.log_metrics({**{f"student_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.student[s] or {}).items()},
-                       **{f"teacher_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.teacher[s] or {}).items()},
-                       "best_epoch": result.best_epoch, "seconds": result.seconds})
+                       **{f"teacher_{s}_{m}": v for s in ("dev", "eval") for m, v in (result.teacher[s] or {}).items()}})
+    child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
     distributed.say(context, f"{name}: teacher {result.teacher}, student {result.student} ({result.seconds:.0f} s)")
     if not context.main:

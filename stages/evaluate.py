@@ -24,7 +24,6 @@ import hashlib
 import json
 import platform
 from datetime import datetime, timezone
-from functools import partial
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import torch
 from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
-from lib.config import load_params, stage_params
+from lib.config import Params, load_params, stage_params
 from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
@@ -83,12 +82,12 @@ def main() -> None:
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                           lm_tokenizer, special, params)
-        provenance = {**describe_provenance(args.params, run, runtime_facts), "started from": starting_point(lm_metrics)}
+        provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
         for name in results:
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
-                    run.log_model(partial(log_pyfunc, folder / name, f"{name}-{role}"), f"{name}-{role}")
+                    run.log_model(log_pyfunc, folder / name, f"{name}-{role}")
 
 
 def read_json(path: Path) -> dict:
@@ -196,10 +195,11 @@ def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     return figures
 
 
-def describe_provenance(params_path: str | Path, run: tracking.StageRun, runtime_facts: dict) -> dict[str, str]:
+def describe_provenance(params_path: str | Path, params: Params, run: tracking.StageRun,
+                        runtime_facts: dict) -> dict[str, str]:
     """What produced this report, for its header, so that a copy read later says whether it is current:
     the commit (as the MLflow runs are tagged), date, DVC experiment, params, MLflow parent run, machine."""
-    tags = tracking.run_tags("evaluate")
+    tags = tracking.run_tags("evaluate", params)
     dirty = " with uncommitted changes" if tags["git.dirty"] == "true" else ""
     gpu = f"; GPU {torch.cuda.get_device_name()}" if runtime_facts["device"] == "cuda" else ""
     return {"commit": f"`{tags['git.commit'][:12]}`{dirty}",

@@ -124,8 +124,8 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
         child.finish("FAILED")
         raise
     child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
-                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()},
-                       "best_epoch": result.best_epoch, "seconds": result.seconds})
+                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()}})
+    child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
     distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
         f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)")

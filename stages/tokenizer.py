@@ -61,7 +61,7 @@ def main() -> None:
             lengths = {c: np.diff(PackedTokens(out / c / TRAIN).doc_offsets) for c in CORPORA}
         write_json(args.metrics, metrics)
         write_length_plot(args.plots / "doc_lengths.csv", lengths)
-        run.log_metrics(metrics)
+        run.log_summary(metrics)
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
         run.log_artifact(args.out / TOKENIZER, "tokenizer")

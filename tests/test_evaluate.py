@@ -59,16 +59,16 @@ def test_a_task_without_models_still_writes_a_confusion_plot_and_a_report(three_
 def test_provenance_names_commit_experiment_params_run_and_machine(tmp_path, monkeypatch):
     params = tmp_path / "params.yaml"
     params.write_text("seed: 1\n", encoding="utf-8")
-    monkeypatch.setattr(tracking, "run_tags", lambda stage: {"git.commit": "0123456789abcdef", "git.dirty": "true",
+    monkeypatch.setattr(tracking, "run_tags", lambda stage, params: {"git.commit": "0123456789abcdef", "git.dirty": "true",
                                                              "dvc.exp_name": "wordpiece"})
     facts = {"device": "cpu", "threads": 2, "precision": "fp32"}
-    about = stages.evaluate.describe_provenance(str(params), tracking.StageRun(run_id="r", parent_id="p1"), facts)
+    about = stages.evaluate.describe_provenance(str(params), None, tracking.StageRun(run_id="r", parent_id="p1"), facts)
     assert about["commit"] == "`0123456789ab` with uncommitted changes"
     assert about["DVC experiment"] == "`wordpiece`" and about["MLflow parent run"] == "`p1`"
     assert about["params.yaml"] == "sha256 `adf0396d435b`"  # sha256sum of 'seed: 1\n'
     assert about["machine"].startswith("CPU ") and about["machine"].endswith("2 threads; models scored in fp32")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", about["date"])
-    untracked = stages.evaluate.describe_provenance(params, tracking.StageRun(), facts)
+    untracked = stages.evaluate.describe_provenance(params, None, tracking.StageRun(), facts)
     assert untracked["MLflow parent run"] == "none (tracking off or MLflow unavailable)"
 
 

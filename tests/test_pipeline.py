@@ -124,7 +124,7 @@ def stage_runs(repo: Path) -> list:
     return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
 
 
-def test_repro_cleans_tokenizes_tracks_and_caches(repo):
+def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     repo, planted, out = repo
     assert all(f"Running stage '{stage}'" in out for stage in STAGES)
 
@@ -214,9 +214,10 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo):
     students = [r for r in runs if r.data.tags["pipeline.role"] == "distill-run"]
     assert len(students) == 2 and {r.data.tags["mlflow.parentRunId"] for r in students} == {distill_run.info.run_id}
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
-    assert stages[1].data.metrics["pretrain.docs_out"] == clean["pretrain"]["docs_out"]
+    assert stages[1].data.tags["summary.pretrain.docs_out"] == str(clean["pretrain"]["docs_out"])
     assert stages[2].data.params["tokenizer.vocab_size"] == "400"
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    monkeypatch.chdir(repo)  # artifact paths start from the store's folder, where `mlflow ui` runs
     assert "reports" in {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert parents[0].data.metrics["imdb.student.accuracy"] == imdb["student"]["accuracy"]
     models = client.search_logged_models([evaluate_run.info.experiment_id])
@@ -333,6 +334,53 @@ def test_a_stage_that_fails_or_is_killed_under_dvc_repro_leaves_its_last_outputs
     finally:
         (repo / "params.yaml").write_text(params_text)
     run(repo, "dvc", "status")  # the killed run left no lock behind
+
+
+def test_a_repro_killed_and_run_again_is_one_parent_in_mlflow(repo, tmp_path, monkeypatch):
+    """`dvc repro` killed (DVC and the stage) while pretrain runs, then run again: one parent run holds the
+    killed attempt, the restarted stage and the stage after it; nothing is left RUNNING; facts are tags,
+    curves metrics; the experiment says it is model training, and a copy of the store finds its artifacts."""
+    repo, _, _ = repo
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    earlier = {r.info.run_id for r in stage_runs(repo)}
+    params_text = (repo / "params.yaml").read_text()
+    try:
+        params = yaml.safe_load(params_text)
+        params["pretrain"]["lr"] /= 2  # pretrain and adapt are out of date
+        (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        dvc = subprocess.Popen(["dvc", "repro", "adapt"], cwd=repo, env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while not any(r.data.tags.get("stage") == "pretrain" and r.info.status == "RUNNING" for r in stage_runs(repo)):
+            assert time.monotonic() < deadline and dvc.poll() is None, "pretrain never opened its MLflow run"
+            time.sleep(0.1)
+        os.killpg(dvc.pid, signal.SIGKILL)
+        dvc.wait()
+        run(repo, "dvc", "repro", "adapt")
+    finally:
+        (repo / "params.yaml").write_text(params_text)
+    runs = stage_runs(repo)
+    new = [r for r in runs if r.info.run_id not in earlier]
+    parents = [r for r in new if r.data.tags["pipeline.role"] == "pipeline"]
+    assert len(parents) == 1 and re.fullmatch(r"repro [0-9a-f]{7} \d{4}-\d\d-\d\d \d\d:\d\d", parents[0].info.run_name)
+    assert [(r.data.tags.get("stage"), r.data.tags["mlflow.parentRunId"], r.info.status) for r in new[1:]] == [
+        ("pretrain", parents[0].info.run_id, "KILLED"), ("pretrain", parents[0].info.run_id, "FINISHED"),
+        ("adapt", parents[0].info.run_id, "FINISHED")]
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    pretrain, adapt = new[2], new[3]
+    assert pretrain.data.tags["summary.steps"] == "30" and "steps" not in pretrain.data.metrics
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    adapted = json.loads((repo / "metrics/adapt.json").read_text())
+    start = min(client.get_metric_history(adapt.info.run_id, "val_loss"), key=lambda m: m.step)
+    assert (start.step, start.value) == (0, adapted["before_val_loss"])  # where the pretrained model starts
+    experiment = client.get_experiment(adapt.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.artifact_location == f"mlruns/{experiment.experiment_id}"
+    shutil.copy(repo / "mlflow.db", tmp_path)
+    shutil.copytree(repo / "mlruns", tmp_path / "mlruns")
+    monkeypatch.chdir(tmp_path)  # where `mlflow ui` runs to find the copy as its default store
+    copied = MlflowClient(tracking_uri="sqlite:///mlflow.db")
+    assert "pretrain.json" in {f.path for f in copied.list_artifacts(pretrain.info.run_id)}
 
 
 def test_a_time_limit_that_stops_a_run_says_so(repo, tmp_path):

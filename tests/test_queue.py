@@ -39,3 +39,4 @@ def test_two_queued_experiments_run_side_by_side(tmp_path):
         assert sorted(r.data.tags["stage"] for r in stages) == ["distill", "evaluate", "finetune"]
         assert all(r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
                    for r in stages)
+        assert all(any((repo / r.info.artifact_uri).iterdir()) for r in stages)  # in the project, not the temp copy

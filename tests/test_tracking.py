@@ -1,4 +1,8 @@
 """Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
+import contextlib
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +17,8 @@ from tests.helpers import ROOT
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
+    """A project at tmp_path (its dvc.yaml gives the stages' order), its store empty."""
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     monkeypatch.setattr(tracking, "_warned", False)
     return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -21,6 +27,21 @@ def store(tmp_path, monkeypatch):
 def runs(client, experiment="transfer-pipeline"):
     experiment_id = client.get_experiment_by_name(experiment).experiment_id
     return client.search_runs([experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def tree(client) -> list[list[tuple[str, str]]]:
+    """Per parent, oldest first: its stage runs as (stage, status), oldest first."""
+    parents = [r for r in runs(client) if r.data.tags["pipeline.role"] == "pipeline"]
+    return [[(r.data.tags["stage"], r.info.status) for r in runs(client)
+             if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id] for parent in parents]
+
+
+def stage(name, all_params=None, fail=False):
+    """Run stage `name` (tracking only); with fail, it fails as a killed or broken stage would."""
+    with contextlib.suppress(RuntimeError):
+        with tracking.stage_run(name, TrackingConfig(), all_params or {}, {}):
+            if fail:
+                raise RuntimeError("boom")
 
 
 def test_store_is_absolute_at_project_root(store, tmp_path):
@@ -38,6 +59,7 @@ def test_stages_nest_under_one_parent(store):
     with tracking.stage_run("clean", cfg, all_params, {"clean": {"min_chars": 5}}) as run:
         run.log_metrics({"pretrain": {"docs_out": 3, "dropped": {"junk": 1}}, "note": "skipped"})
         run.log_metrics({"loss": 2.5}, step=10)
+        run.log_summary({"pretrain": {"docs_in": 4}, "algorithm": "bpe", "stopped_early": None})
     with tracking.stage_run("tokenizer", cfg, all_params, {"tokenizer": {"vocab_size": 300}}):
         pass
     parents = [r for r in runs(store) if r.data.tags["pipeline.role"] == "pipeline"]
@@ -48,26 +70,51 @@ def test_stages_nest_under_one_parent(store):
     assert clean.data.params["clean.min_chars"] == "5"
     assert clean.data.metrics["pretrain.dropped.junk"] == 1 and "note" not in clean.data.metrics
     assert [m.step for m in store.get_metric_history(clean.info.run_id, "loss")] == [10]
+    assert {k: v for k, v in clean.data.tags.items() if k.startswith("summary.")} == {
+        "summary.pretrain.docs_in": "4", "summary.algorithm": "bpe"}
+    assert re.fullmatch(r"repro [0-9a-f]{7} \d{4}-\d\d-\d\d \d\d:\d\d", parents[0].info.run_name)
     assert len(parents[0].data.params["clean.list"]) <= tracking.MAX_PARAM_CHARS  # long values clipped
     for tag in ("git.commit", "git.dirty", "dvc.exp_name"):
         assert tag in clean.data.tags
     assert all(r.info.status == "FINISHED" for r in runs(store))
 
 
-def test_rerun_of_a_stage_opens_a_new_parent(store):
-    for _ in range(2):
-        with tracking.stage_run("clean", TrackingConfig(), {}, {}):
-            pass
-    assert sum(r.data.tags["pipeline.role"] == "pipeline" for r in runs(store)) == 2
+def test_a_stage_run_again_after_it_or_a_later_stage_finished_opens_a_new_parent(store):
+    stage("clean")
+    stage("tokenizer")
+    stage("tokenizer")
+    stage("clean")
+    assert tree(store) == [[("clean", "FINISHED"), ("tokenizer", "FINISHED")], [("tokenizer", "FINISHED")],
+                           [("clean", "FINISHED")]]
 
 
 def test_stale_parent_is_not_joined(store, monkeypatch):
-    with tracking.stage_run("clean", TrackingConfig(), {}, {}):
-        pass
-    monkeypatch.setattr(time, "time", lambda: 10**10)  # long after the last stage ended
-    with tracking.stage_run("tokenizer", TrackingConfig(), {}, {}):
-        pass
-    assert sum(r.data.tags["pipeline.role"] == "pipeline" for r in runs(store)) == 2
+    stage("clean")
+    later = time.time() + tracking.JOIN_WINDOW_S + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    stage("tokenizer")
+    assert len(tree(store)) == 2
+
+
+def test_other_params_are_another_execution(store):
+    stage("clean", {"seed": 1})
+    stage("tokenizer", {"seed": 2})
+    assert len(tree(store)) == 2
+
+
+def test_a_restarted_stage_rejoins_its_interrupted_execution_whenever_it_comes(store, monkeypatch):
+    """A stage that failed (or was killed) and runs again, even a day later, goes on in the same parent,
+    beside its failed attempts, and so do the stages after it."""
+    stage("clean")
+    stage("tokenizer", fail=True)
+    now = time.time
+    monkeypatch.setattr(time, "time", lambda: now() + 86400)
+    stage("tokenizer", fail=True)
+    stage("tokenizer")
+    stage("pretrain")
+    assert tree(store) == [[("clean", "FINISHED"), ("tokenizer", "FAILED"), ("tokenizer", "FAILED"),
+                            ("tokenizer", "FINISHED"), ("pretrain", "FINISHED")]]
+    assert all(r.info.status == "FINISHED" for r in runs(store) if r.data.tags["pipeline.role"] == "pipeline")
 
 
 def test_experiments_group_separately(store, monkeypatch):
@@ -101,7 +148,7 @@ def test_runs_of_a_killed_stage_end_as_killed_when_the_next_stage_opens(store, m
     """SIGKILL ends a stage without a word to MLflow; a run whose process still lives is left alone."""
     stage = subprocess.Popen([sys.executable, "-c", TRAINING_STAGE], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        assert stage.stdout.readline() == "training\n"
+        assert "training\n" in stage.stdout  # after the line that says the experiment was created
     finally:
         stage.kill()
         stage.wait()
@@ -117,14 +164,54 @@ def test_runs_of_a_killed_stage_end_as_killed_when_the_next_stage_opens(store, m
             assert status[live.run_id] == status[live.parent_id] == "RUNNING"
 
 
-def test_artifacts_land_beside_the_store(store, tmp_path):
-    metrics = tmp_path / "m.json"
-    metrics.write_text("{}")
+def test_a_parent_whose_process_died_before_any_stage_opened_is_ended(store):
+    stage("clean")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    experiment_id = store.get_experiment_by_name("transfer-pipeline").experiment_id
+    orphan = store.create_run(experiment_id, tags={"pipeline.role": "pipeline", "pipeline.key": "another",
+                                                   "process.host": socket.gethostname(),
+                                                   "process.pid": dead.stdout.strip()})
+    stage("tokenizer")
+    assert store.get_run(orphan.info.run_id).info.status == "KILLED"
+
+
+def test_artifacts_land_beside_the_store_by_a_relative_path_so_a_copied_store_works(store, tmp_path, monkeypatch):
+    """Logged from another working directory (a queued experiment's temp copy), read from a copy of the
+    project folder after the original is gone."""
+    (tmp_path / "m.json").write_text("{}")
+    monkeypatch.chdir(tmp_path.parent)
     with tracking.stage_run("clean", TrackingConfig(), {}, {}) as run:
-        run.log_artifact(metrics)
-    stage = next(r for r in runs(store) if r.data.tags["pipeline.role"] == "stage")
-    assert stage.info.artifact_uri.startswith((tmp_path / "mlruns").as_uri())
-    assert [f.path for f in store.list_artifacts(stage.info.run_id)] == ["m.json"]
+        run.log_artifact(tmp_path / "m.json")
+    clean = next(r for r in runs(store) if r.data.tags["pipeline.role"] == "stage")
+    assert clean.info.artifact_uri == f"mlruns/{clean.info.experiment_id}/{clean.info.run_id}/artifacts"
+    assert (tmp_path / clean.info.artifact_uri / "m.json").is_file()
+    copy = tmp_path.parent / f"{tmp_path.name}-copy"
+    shutil.copytree(tmp_path, copy)
+    shutil.rmtree(tmp_path / "mlruns")
+    monkeypatch.chdir(copy)  # where `mlflow ui` runs to find its default store, mlflow.db
+    moved = MlflowClient(tracking_uri="sqlite:///mlflow.db")
+    assert [f.path for f in moved.list_artifacts(clean.info.run_id)] == ["m.json"]
+
+
+def test_an_absolute_artifact_location_is_made_relative(store, tmp_path):
+    """An experiment made by an earlier version, or by MLflow's defaults: new runs go beside the store."""
+    store.create_experiment("transfer-pipeline", artifact_location=str(tmp_path / "elsewhere"))
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+        pass
+    experiment = store.get_experiment_by_name("transfer-pipeline")
+    assert experiment.artifact_location == f"mlruns/{experiment.experiment_id}"
+
+
+def test_the_experiment_is_tagged_as_model_training(store, capsys):
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}):
+        pass
+    experiment = store.get_experiment_by_name("transfer-pipeline")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert f"its runs table is #/experiments/{experiment.experiment_id}/runs" in capsys.readouterr().out
+    store.create_experiment("untagged")
+    with tracking.stage_run("clean", TrackingConfig(experiment="untagged"), {}, {}):
+        pass
+    assert store.get_experiment_by_name("untagged").tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_unreachable_store_warns_once_and_stage_finishes(tmp_path, monkeypatch, capsys):
