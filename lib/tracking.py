@@ -73,6 +73,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 # Logging a model re-reads its artifacts with a progress bar per file: noise in a stage's log.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+PIPELINE_OUTPUTS = ("dvc.lock", "metrics", "plots", "reports")  # committed to git, rewritten by the stages
 JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one finished opens a new parent
 MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway
 PARENT_ROLE, STAGE_ROLE = "pipeline", "stage"
@@ -109,7 +110,10 @@ def _git(*args: str) -> str:
 
 def run_tags(stage: str, all_params: Any) -> dict[str, str]:
     commit = _git("rev-parse", "--verify", "--quiet", "HEAD") or "unknown"  # "unknown" before a first commit
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # dirty = code or params differ from the commit; the outputs the pipeline itself rewrites (and
+    # commits) do not count, or every stage after the first of a `dvc repro` would read dirty
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      *(f":(exclude){path}" for path in PIPELINE_OUTPUTS)))
     exp = os.environ.get("DVC_EXP_NAME", "")
     params = json.dumps({k: str(v) for k, v in flatten(all_params).items()}, sort_keys=True)
     digest = hashlib.sha256(params.encode()).hexdigest()[:12]

@@ -287,3 +287,19 @@ def test_locked_store_warns_once_and_stage_finishes(store, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "locked" in err, err
     assert seconds < 120
+
+
+def test_dirty_means_code_or_params_not_the_outputs_the_stages_rewrite(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    (tmp_path / "metrics").mkdir()
+    for name in ("params.yaml", "dvc.lock", "metrics/m.json"):
+        (tmp_path / name).write_text("1")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    for name in ("dvc.lock", "metrics/m.json"):
+        (tmp_path / name).write_text("2")
+    assert tracking.run_tags("evaluate", {})["git.dirty"] == "false"
+    (tmp_path / "params.yaml").write_text("2")
+    assert tracking.run_tags("evaluate", {})["git.dirty"] == "true"
