@@ -246,36 +246,6 @@ def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
     assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
 
 
-def test_init_experiment_starts_from_a_checkpoint(repo):
-    """`dvc exp run -S init=hf:<org>/<name>`, the mirror standing in for the hub: the checkpoint's
-    tokenizer and weights go through the whole chain, adapted with the objective that fits them."""
-    repo, _, _ = repo
-    transformers = pytest.importorskip("transformers")
-    checkpoint = repo.parent / "shared" / "models" / "tiny-bert"
-    transformers.AutoTokenizer.from_pretrained(ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2").save_pretrained(
-        checkpoint)
-    transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                   intermediate_size=64)).save_pretrained(checkpoint)
-    out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-n", "init")
-    assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
-    assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
-    assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
-    tokenizer = json.loads((repo / "data/tokens/tokenizer/tokenizer_meta.json").read_text())
-    assert tokenizer["algorithm"] == "wordpiece" and tokenizer["vocab_size"] == 30522 and tokenizer["lowercase"]
-    assert tokenizer["special_tokens"]["bos"] == {"token": "[CLS]", "id": 101}
-    pretrain = json.loads((repo / "metrics/pretrain.json").read_text())
-    assert pretrain["kept"] and pretrain["family"] == "bert" and pretrain["objective"] == "mlm"
-    adapt = json.loads((repo / "metrics/adapt.json").read_text())
-    assert adapt["objective"] == "mlm" and adapt["val_loss"] < adapt["before_val_loss"]
-    adapted = json.loads((repo / "models/adapt/config.json").read_text())
-    assert (adapted["d_model"], adapted["norm"], adapted["norm_eps"], adapted["pooler"]) == (32, "post", 1e-12, True)
-    finetune = json.loads((repo / "metrics/finetune.json").read_text())
-    assert set(finetune["imdb"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
-    assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
-    assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
-           "with mlm" in (repo / "reports/summary.md").read_text()
-
-
 def test_param_change_reruns_only_what_depends_on_it(repo):
     repo, _, _ = repo
     out = run(repo, "dvc", "exp", "run", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
@@ -579,3 +549,36 @@ def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
                                filter_string=f"tags.stage = '{stage}'")
     tracked = [r for r in found if r.data.tags.get("pipeline.role") == "stage"]
     assert len(tracked) == len(runs)  # one per execution, none from rank 1
+
+
+def test_init_experiment_starts_from_a_checkpoint(repo):
+    """`dvc exp run -S init=hf:<org>/<name>`, the mirror standing in for the hub: the checkpoint's
+    tokenizer and weights go through the whole chain, adapted with the objective that fits them.
+    Last in this module: the experiment is applied to the workspace, which the tests above share."""
+    repo, _, _ = repo
+    transformers = pytest.importorskip("transformers")
+    checkpoint = repo.parent / "shared" / "models" / "tiny-bert"
+    transformers.AutoTokenizer.from_pretrained(ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2").save_pretrained(
+        checkpoint)
+    transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                   intermediate_size=64)).save_pretrained(checkpoint)
+    out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm", "-n", "init")
+    assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
+    assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
+    assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
+    tokenizer = json.loads((repo / "data/tokens/tokenizer/tokenizer_meta.json").read_text())
+    assert tokenizer["algorithm"] == "wordpiece" and tokenizer["vocab_size"] == 30522 and tokenizer["lowercase"]
+    assert tokenizer["special_tokens"]["bos"] == {"token": "[CLS]", "id": 101}
+    pretrain = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert pretrain["kept"] and pretrain["family"] == "bert" and pretrain["objective"] == "mlm"
+    adapt = json.loads((repo / "metrics/adapt.json").read_text())
+    assert adapt["objective"] == "mlm" and adapt["val_loss"] < adapt["before_val_loss"]
+    adapted = json.loads((repo / "models/adapt/config.json").read_text())  # a transformers BERT, ours inside
+    ours = adapted["transfer_pipeline"]
+    assert adapted["model_type"] == "bert" and adapted["architectures"] == ["BertForMaskedLM"]
+    assert (ours["d_model"], ours["norm"], ours["norm_eps"], ours["pooler"]) == (32, "post", 1e-12, True)
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert set(finetune["imdb"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
+    assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
+           "with mlm" in (repo / "reports/summary.md").read_text()
