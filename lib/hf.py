@@ -12,9 +12,13 @@ Each family maps onto the Transformer's fields and tensor names:
   are projected up (`embedding_size`); BERT's pooler is kept; the masked-LM head (BERT's
   `cls.predictions`, RoBERTa's `lm_head`, ELECTRA generator's `generator_predictions`) when present;
 - distilbert: the same without token types or pooler, its own tensor names;
+- roberta-prelayernorm: RoBERTa with pre-LN layers and a final LayerNorm;
 - gpt2: pre-LN, no embedding LayerNorm, tanh GELU, Conv1D weights transposed, the tied decoder alone.
 The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the checkpoint lacks
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
+
+The same tables export: lib.model.save_model writes a model as the family that computes exactly what
+it does (export_family), so the folders the pipeline writes load in transformers too.
 """
 from __future__ import annotations
 
@@ -31,17 +35,17 @@ import torch
 from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
-from lib.config import Params
+from lib.config import HUB_PREFIX, Params
 from lib.errors import UserError, describe
 from lib.io import atomic_dir, project_root
 from lib.model import EXPORT_KEY, Transformer, TransformerConfig
 from lib.tokenizer import write_folder
 
-HUB_PREFIX = "hf:"
 CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE = (
     "config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json")
-# what a download fetches: the config, one weights file, the tokenizer's files
-HUB_FILES = [CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json"]
+# what a download fetches: the config, the weights (both files where a repo has both), the tokenizer's files
+HUB_FILES = [CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE, "tokenizer_config.json",
+             "special_tokens_map.json"]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
@@ -71,8 +75,7 @@ def resolve(spec: str, root: Path, mirror: str | None, key: str = "init") -> Pat
     from huggingface_hub import snapshot_download  # only a hub id needs it
 
     try:
-        return Path(snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES + [PICKLE_FILE,
-                                      "vocab.txt", "vocab.json", "merges.txt"]))
+        return Path(snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES))
     except Exception as err:  # offline, unknown repo or revision, HTTP errors: huggingface_hub has many kinds
         raise UserError(f"{key}: cannot download {repo}{'@' + revision if revision else ''} from the Hugging Face "
                         f"hub ({describe(err)}); with no network, download it elsewhere "
