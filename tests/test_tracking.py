@@ -188,8 +188,9 @@ def test_artifacts_land_beside_the_store_by_a_relative_path_so_a_copied_store_wo
     copy = tmp_path.parent / f"{tmp_path.name}-copy"
     shutil.copytree(tmp_path, copy)
     shutil.rmtree(tmp_path / "mlruns")
-    monkeypatch.chdir(copy)  # where `mlflow ui` runs to find its default store, mlflow.db
-    moved = MlflowClient(tracking_uri="sqlite:///mlflow.db")
+    monkeypatch.chdir(copy)  # where `mlflow ui` runs, so the relative artifact paths resolve in the copy
+    # an absolute URI: MLflow caches stores by URI, and a relative one may name another test's mlflow.db
+    moved = MlflowClient(tracking_uri=f"sqlite:///{copy / 'mlflow.db'}")
     assert [f.path for f in moved.list_artifacts(clean.info.run_id)] == ["m.json"]
 
 
