@@ -3,7 +3,9 @@
 Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last
 real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooling
 [that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
-classifier block (norm, dropout, linear, ReLU, norm, dropout, linear) or one linear layer. LayerNorm
+classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linear layer, or the head of
+transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
+layer without bias on a causal model's last token). LayerNorm
 stands in for ULMFiT's BatchNorm: it does not depend on the batch, so a prediction does not change
 with what it is batched with.
 
@@ -27,10 +29,13 @@ from torch import nn
 
 from lib.errors import UserError
 from lib.io import atomic_dir
-from lib.model import Transformer, load_model, load_weights, save_model
+from lib.model import Transformer, TransformerConfig, load_model, load_weights, save_model
 from lib.tokenizer import saved_special_ids
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
+
+
+POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
 
 
 @dataclass
@@ -40,9 +45,33 @@ class HeadConfig:
     block: bool = True  # ULMFiT's classifier block; false: one linear layer
     hidden: int = 128
     dropout: float = 0.1
+    # without the block: a dense d->d layer and this activation before the linear layer (BERT's pooler,
+    # RoBERTa's tanh head, ELECTRA's GELU one); None (what older classifier.json files mean): none
+    pooler: Literal["tanh", "gelu"] | None = None
+    bias: bool = True  # the last linear layer's bias (GPT-2's score layer has none)
+
+    def __post_init__(self):
+        if self.pooler is not None and (self.block or self.pooler not in POOLER_ACTIVATIONS):
+            raise ValueError(f"head pooler {self.pooler!r}: one of {', '.join(POOLER_ACTIVATIONS)}, without the block")
+
+
+def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadConfig:
+    """The plain variants' head, what transformers' sequence-classification model of the backbone's
+    family computes: on a causal model a linear layer without bias on the last real token (GPT-2's
+    `score`); on a bidirectional one dropout, dense, tanh, dropout, linear on [CLS] (BERT's pooler and
+    classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA."""
+    if cfg.causal:
+        return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
+    from lib.hf import export_family  # lib.hf builds on lib.model, as this module does
+
+    pooler = "gelu" if export_family(cfg)[0] == "electra" else "tanh"
+    return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=pooler)
 
 
 class Classifier(nn.Module):
+    """`backbone` + the head `head` describes. A tanh pooler starts from the backbone's pretrained one
+    (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler)."""
+
     def __init__(self, backbone: Transformer, head: HeadConfig):
         super().__init__()
         self.backbone, self.head_cfg = backbone, head
@@ -50,9 +79,15 @@ class Classifier(nn.Module):
         if head.block:
             self.head = nn.Sequential(nn.LayerNorm(d), nn.Dropout(head.dropout), nn.Linear(d, head.hidden), nn.ReLU(),
                                       nn.LayerNorm(head.hidden), nn.Dropout(head.dropout),
-                                      nn.Linear(head.hidden, head.n_classes))
+                                      nn.Linear(head.hidden, head.n_classes, bias=head.bias))
+        elif head.pooler is not None:
+            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, d), POOLER_ACTIVATIONS[head.pooler](),
+                                      nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
         else:
-            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes))
+            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
+        if head.pooler == "tanh" and backbone.pooler is not None and head.features == "token":
+            self.head[1].load_state_dict(backbone.pooler.dense.state_dict())
+            backbone.pooler, backbone.cfg = None, dataclasses.replace(backbone.cfg, pooler=False)
 
     def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
                output_hidden_states: bool = False):

@@ -5,8 +5,10 @@ Variants, so that each trick's value shows next to its baseline:
   top layer group, which holds the head, trains at first; one more group from the top joins every
   `unfreeze_every` steps, or every epoch), discriminative LRs (each group's LR = the one above / lr_decay)
   and the slanted triangular schedule over the whole run.
-- `plain`: the adapted model, a linear head on the [CLS]/last-token state, every layer from the start,
-  one LR with linear warmup and decay: the usual BERT/GPT recipe.
+- `plain`: the adapted model, the head transformers' sequence-classification model of its family has
+  (lib.classifier.plain_head: BERT's pooler + linear layer on [CLS], GPT-2's bias-free linear layer on
+  the last token; an imported BERT's pooler is its start), every layer from the start, one LR with
+  linear warmup and decay: the usual BERT/GPT recipe.
 - `from_scratch`: `plain` on a randomly initialised model of the same shape (its own LR, scratch_lr,
   since random weights need a larger one): what pretraining is worth.
 - `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
 from lib import distributed, runtime
-from lib.classifier import Classifier, HeadConfig, lm_loss
+from lib.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
 from lib.model import Transformer
@@ -84,7 +86,7 @@ def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfi
     if variant == "from_scratch":
         backbone = Transformer(adapted.cfg)
     concat = HeadConfig(n_classes, "concat", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
-    token = HeadConfig(n_classes, "token", block=False, dropout=cfg.head_dropout)
+    token = plain_head(backbone.cfg, n_classes, cfg.head_dropout)
     plain = warmup_linear(cfg.warmup_frac)
     if variant == "ulmfit":
         stlr = lambda total, _: slanted_triangular(total, cfg.cut_frac, cfg.stlr_ratio)  # noqa: E731

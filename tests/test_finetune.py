@@ -180,3 +180,29 @@ def test_saved_classifier_loads_and_predicts_the_same(tmp_path):
         expected, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
         got, _ = loaded(batch.input_ids, batch.segment_ids, batch.attention_mask)
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("shape", ["bert", "electra", "gpt2"])
+def test_the_plain_head_is_transformers_sequence_classification_head(shape):
+    """BERT/RoBERTa: dense + tanh + linear on [CLS]; ELECTRA: GELU for tanh; causal: a linear layer
+    without bias on the last token."""
+    overrides = {"bert": {}, "electra": {"norm": "post", "embedding_size": 16},
+                 "gpt2": {"causal": True, "norm": "pre", "embedding_norm": False, "lm_head": "linear",
+                          "segment_vocab": 0}}[shape]
+    head = setup("plain", backbone(**overrides), 3, CFG).model.head
+    kinds = [type(m).__name__ for m in head]
+    if shape == "gpt2":
+        assert kinds == ["Dropout", "Linear"] and head[-1].bias is None
+    else:
+        assert kinds == ["Dropout", "Linear", "Tanh" if shape == "bert" else "GELU", "Dropout", "Linear"]
+        assert head[-1].bias is not None
+
+
+def test_a_pretrained_pooler_moves_into_the_plain_head():
+    adapted = backbone(pooler=True)
+    pooler = adapted.pooler.dense.weight.detach().clone()
+    for variant in ("plain", "from_scratch"):
+        model = setup(variant, adapted, 2, CFG).model
+        assert model.backbone.pooler is None and not model.backbone.cfg.pooler
+        assert torch.equal(model.head[1].weight, pooler) == (variant == "plain")  # from_scratch: a fresh one
+    assert adapted.pooler is not None  # setup works on a copy
