@@ -25,12 +25,14 @@ from typing import Any, Literal
 import safetensors.torch
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, processors
 from torch import nn
 
 from lib.errors import UserError
+from lib.hf import export_family, read_weights
 from lib.io import atomic_dir
-from lib.model import Transformer, TransformerConfig, load_model, load_weights, save_model
-from lib.tokenizer import saved_special_ids
+from lib.model import CONFIG_FILE, MODEL_FILE, Transformer, TransformerConfig, load_model, load_weights, save_model
+from lib.tokenizer import TOKENIZER_FILE, saved_special_ids
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
 
@@ -62,8 +64,6 @@ def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadCo
     classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA."""
     if cfg.causal:
         return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
-    from lib.hf import export_family  # lib.hf builds on lib.model, as this module does
-
     pooler = "gelu" if export_family(cfg)[0] == "electra" else "tanh"
     return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=pooler)
 
@@ -137,17 +137,118 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> None:
+# Export: a classifier whose backbone and head transformers also has is saved as that family's
+# sequence-classification checkpoint too. family -> (class, the names there of our head's layers:
+# its dense layer (None: it has none), its output layer)
+SEQUENCE_CLASSIFIERS = {
+    "bert": ("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
+    "roberta": ("RobertaForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "roberta-prelayernorm": ("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
+                             "classifier.out_proj"),
+    "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "gpt2": ("GPT2ForSequenceClassification", None, "score"),
+}
+
+
+def classifier_family(model: Classifier, special_ids: dict[str, int]) -> tuple[str | None, str]:
+    """(the transformers family whose sequence-classification model computes what `model` does, "")
+    or (None, why there is none)."""
+    cfg, head = model.backbone.cfg, model.head_cfg
+    family, why = export_family(cfg)
+    if family is None:
+        return None, f"the backbone has no transformers equivalent ({why})"
+    if head.features == "concat" or head.block:
+        return None, "ULMFiT's concat pooling and classifier block have no transformers equivalent"
+    if family == "gpt2":
+        if head.pooler is not None or head.bias:
+            return None, "GPT-2's sequence-classification head is one linear layer without bias; this head is not"
+        if special_ids.get("pad") in (special_ids.get("eos"), None):
+            return None, "the pad token is also the end token, which GPT-2's head would skip as padding"
+        return family, ""
+    if cfg.causal:
+        return None, f"a causal {family}: its transformers head reads the first token, a causal head the last"
+    wanted = "gelu" if family == "electra" else "tanh"
+    if head.pooler != wanted or not head.bias:
+        name = SEQUENCE_CLASSIFIERS[family][0]
+        return None, f"{name}'s head is dense + {wanted} + linear with bias; this head is not"
+    return family, ""
+
+
+def head_tensor_names(model: Classifier, family: str) -> dict[str, str]:
+    """Our head's tensor names -> theirs in `family`'s sequence-classification checkpoint."""
+    _, dense, out = SEQUENCE_CLASSIFIERS[family]
+    layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
+    names = {}
+    for name in model.head.state_dict():
+        layer, _, leaf = name.partition(".")
+        names[name] = f"{layers[layer]}.{leaf}"
+    return names
+
+
+def export_head(model: Classifier, family: str, folder: Path, label_names: list[str] | None) -> None:
+    """Turn the transformers checkpoint save_model wrote into `folder` into its sequence-classification
+    one: the head's tensors beside the backbone's, the config naming the class and the labels."""
+    tensors = safetensors.torch.load_file(str(folder / MODEL_FILE))
+    head = model.head.state_dict()
+    tensors.update({theirs: head[ours].detach().cpu().contiguous()
+                    for ours, theirs in head_tensor_names(model, family).items()})
+    safetensors.torch.save_file(tensors, str(folder / MODEL_FILE), metadata={"format": "pt"})
+    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    labels = label_names or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
+    config.update(architectures=[SEQUENCE_CLASSIFIERS[family][0]], num_labels=len(labels),
+                  id2label={str(i): name for i, name in enumerate(labels)},
+                  label2id={name: i for i, name in enumerate(labels)}, problem_type="single_label_classification",
+                  classifier_dropout=model.head_cfg.dropout)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
+                   max_len: int | None) -> None:
+    """The tokenizer files, set up so that transformers encodes as lib.tasks.encode does (texts within
+    max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
+    segment embeddings (GPT-2 would add them as tokens), max_len as model_max_length."""
+    for path in Path(tokenizer_dir).iterdir():
+        if path.is_file() and path.suffix == ".json" and path.name not in (CONFIG_FILE, META_FILE):
+            shutil.copy2(path, folder / path.name)
+    try:  # a checkpoint's own template (RoBERTa's <s> a </s></s> b </s>) is not the one training used
+        tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    except Exception:  # tokenizers raises bare Exceptions; a folder without a usable tokenizer is left as it is
+        return
+    bos, eos = (tokenizer.id_to_token(special_ids[role]) for role in ("bos", "eos"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1",
+        special_tokens=[(bos, special_ids["bos"]), (eos, special_ids["eos"])])
+    tokenizer.save(str(folder / TOKENIZER_FILE))
+    path = folder / "tokenizer_config.json"
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+        segments = ["token_type_ids"] if cfg.segment_vocab else []
+        config["model_input_names"] = ["input_ids", *segments, "attention_mask"]
+        if max_len:
+            config["model_max_length"] = max_len
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
     """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
-    tokenizer files, written whole or not at all."""
+    tokenizer files, written whole or not at all. Where transformers has the same backbone and head
+    (classifier_family), the folder is its sequence-classification checkpoint: the head's tensors sit
+    in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
+    pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
+    saying which (also classifier.json's "transformers")."""
+    special = saved_special_ids(tokenizer_dir)
+    family, why = classifier_family(model, special)
+    line = f"transformers: {SEQUENCE_CLASSIFIERS[family][0]}" if family else f"no transformers equivalent: {why}"
     with atomic_dir(out_dir) as tmp:
-        save_model(model.backbone, tmp, saved_special_ids(tokenizer_dir))
-        safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
-        info = {"head": dataclasses.asdict(model.head_cfg), **meta}
+        save_model(model.backbone, tmp, special)
+        if family is None:
+            safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
+        else:
+            export_head(model, family, tmp, meta.get("label_names"))
+        info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        for path in Path(tokenizer_dir).iterdir():
-            if path.is_file() and path.suffix == ".json" and path.name not in ("config.json", META_FILE):
-                shutil.copy2(path, tmp / path.name)
+        copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
+    return line
 
 
 def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tuple[Classifier, dict[str, Any]]:
@@ -160,5 +261,15 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
                         "point at a folder written by the finetune stage") from None
     model = Classifier(load_model(model_dir), head)
-    load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
+    if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith("transformers:"):
+        load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
+    else:  # the head's tensors are in model.safetensors, under transformers' names
+        family, _ = export_family(model.backbone.cfg)
+        theirs = read_weights(model_dir)
+        names = head_tensor_names(model, family)
+        missing = [t for t in names.values() if t not in theirs]
+        if missing:
+            raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the classifier's head); "
+                            "write the folder again with the finetune stage")
+        model.head.load_state_dict({ours: theirs[t] for ours, t in names.items()})
     return model.to(device).eval(), info

@@ -56,3 +56,46 @@ def stub_tokenizer_dir(folder: Path) -> Path:
     specials = {role: {"token": f"[{role}]", "id": i} for i, role in enumerate(["pad", "unk", "bos", "eos", "mask"])}
     (folder / "tokenizer_meta.json").write_text(json.dumps({"special_tokens": specials}))
     return folder
+
+
+# A tiny classifier folder on a real (tiny) tokenizer, for the tests of what reads classifier folders
+# (lib.predict, ONNX, transformers).
+TINY_LABELS = ["negative", "neutral", "positive"]
+TINY_MAX_LEN = 16
+TINY_CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
+               "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
+TINY_TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
+              "bad acting", "a long ending with good friends", "the plot"]  # one longer than TINY_MAX_LEN, one empty
+
+
+def tiny_tokenizer(out_dir: Path) -> Path:
+    """A 120-token WordPiece tokenizer trained on TINY_CORPUS."""
+    from lib.config import TokenizerConfig
+    from lib.tokenizer import train_tokenizer
+
+    train_tokenizer(TINY_CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), out_dir)
+    return out_dir
+
+
+def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False, head=None, **model) -> Path:
+    """A 2-layer, 32-wide classifier over TINY_LABELS (`model`: TransformerConfig fields; `head`: a
+    HeadConfig, or a function of the backbone's config that makes one; default the ULMFiT block),
+    its weights drawn wide enough that texts get different labels, saved by save_classifier."""
+    import torch
+
+    from lib.classifier import Classifier, HeadConfig, save_classifier
+    from lib.model import Transformer, TransformerConfig
+    from lib.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(**{"vocab_size": load_tokenizer(tokenizer_dir).get_vocab_size(), "d_model": 32,
+                               "n_layers": 2, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
+                               "max_positions": TINY_MAX_LEN, **model})
+    head = head(cfg) if callable(head) else head or HeadConfig(len(TINY_LABELS), hidden=16, dropout=0.0)
+    classifier = Classifier(Transformer(cfg), head)
+    for weight in (p for p in classifier.parameters() if p.dim() > 1):
+        torch.nn.init.normal_(weight, std=0.3)
+    encoding = {"max_len": TINY_MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pairs else "text",
+                "text_pair_field": "hypothesis" if pairs else None}
+    save_classifier(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding})
+    return out_dir

@@ -88,13 +88,10 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
     student's split and timed, with the bytes of its ONNX file."""
     import torch
 
-    from tests.test_onnx_export import CORPUS, save_tiny_classifier
-    from lib.config import TokenizerConfig
-    from lib.tokenizer import train_tokenizer
+    from tests.helpers import save_tiny_classifier, tiny_tokenizer
 
-    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), tmp_path / "tok")
-    models = {role: save_tiny_classifier(tmp_path / role, tmp_path / "tok", False, "learned", 2, "concat", True, False)
-              for role in ("teacher", "student")}
+    tiny_tokenizer(tmp_path / "tok")
+    models = {role: save_tiny_classifier(tmp_path / role, tmp_path / "tok") for role in ("teacher", "student")}
     info = json.loads((models["teacher"] / "classifier.json").read_text())
     (models["teacher"] / "classifier.json").write_text(json.dumps({**info, "variant": "plain", "seed": 1}))
     params = Params(corpora=None, tasks={"toy": three_class_task}, device="cpu", finetune=FinetuneConfig(tasks=["toy"]),

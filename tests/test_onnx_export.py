@@ -9,59 +9,35 @@ import numpy as np
 import pytest
 import torch
 
-from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
-from lib.config import TokenizerConfig
+from lib.classifier import HeadConfig, load_classifier
 from lib.errors import UserError
-from lib.model import Transformer, TransformerConfig
 from lib.onnx_export import INPUT_NAMES, INT8_SUFFIX, ONNX_FILE, OnnxClassifier, export_onnx, to_onnx
 from lib.predict import TextClassifier
 from lib.report import markdown
-from lib.tokenizer import load_tokenizer, train_tokenizer
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
-LABELS = ["negative", "neutral", "positive"]
-MAX_LEN = 16
-CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
-          "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
-TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
-         "bad acting", "a long ending with good friends", "the plot"]  # one longer than MAX_LEN, one empty
-# name: (causal, position, segment embeddings, head features, ULMFiT block, pairs); ALiBi's 8 positions are
-# fewer than MAX_LEN: it extrapolates, and its graph must take the longer inputs too
-MODELS = {"concat": (False, "learned", 2, "concat", True, False),
-          "plain_pair": (False, "alibi", 2, "token", False, True),
-          "causal": (True, "rope", 0, "concat", True, False)}
-
-
-def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, causal: bool, position: str, segment_vocab: int,
-                         features: str, block: bool, pairs: bool) -> Path:
-    torch.manual_seed(0)
-    vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size()
-    backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                                             dropout=0.0, max_positions=MAX_LEN // 2 if position == "alibi" else MAX_LEN,
-                                             causal=causal, position=position,
-                                             segment_vocab=segment_vocab))
-    model = Classifier(backbone, HeadConfig(len(LABELS), features=features, block=block, hidden=16, dropout=0.0))
-    for weight in (p for p in model.parameters() if p.dim() > 1):  # untrained, but texts get different labels
-        torch.nn.init.normal_(weight, std=0.3)
-    encoding = {"max_len": MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pairs else "text",
-                "text_pair_field": "hypothesis" if pairs else None}
-    save_classifier(model, out_dir, tokenizer_dir, {"label_names": LABELS, "encoding": encoding})
-    return out_dir
+LABELS, MAX_LEN, CORPUS, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_CORPUS, TINY_TEXTS
+# name: (TransformerConfig fields, head features, ULMFiT block, pairs); ALiBi's 8 positions are fewer
+# than MAX_LEN: it extrapolates, and its graph must take the longer inputs too
+MODELS = {"concat": ({}, "concat", True, False),
+          "plain_pair": ({"position": "alibi", "max_positions": MAX_LEN // 2}, "token", False, True),
+          "causal": ({"causal": True, "position": "rope", "segment_vocab": 0}, "concat", True, False)}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """A classifier folder per MODELS entry, each with its model.onnx (the concat one also int8)."""
     root = tmp_path_factory.mktemp("onnx")
-    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), root / "tok")
-    made = {name: save_tiny_classifier(root / name, root / "tok", *spec) for name, spec in MODELS.items()}
+    tok = tiny_tokenizer(root / "tok")
+    made = {name: save_tiny_classifier(root / name, tok, pairs, HeadConfig(len(LABELS), features, block, 16, 0.0),
+                                       **fields) for name, (fields, features, block, pairs) in MODELS.items()}
     for name, folder in made.items():
         export_onnx(folder, int8=name == "concat")
     return made
 
 
 def inputs(folder: Path) -> tuple[list[str], list[str] | None]:
-    return TEXTS, list(reversed(TEXTS)) if MODELS[folder.name][5] else None
+    return TEXTS, list(reversed(TEXTS)) if MODELS[folder.name][3] else None
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -12,42 +12,23 @@ import pytest
 import torch
 
 from lib import runtime
-from lib.classifier import HEAD_FILE, Classifier, HeadConfig, load_classifier, save_classifier
-from lib.config import SpecialTokens, TokenizerConfig
+from lib.classifier import HEAD_FILE, load_classifier, save_classifier
+from lib.config import SpecialTokens
 from lib.errors import UserError
-from lib.model import Transformer, TransformerConfig
 from lib.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
 from lib.tasks import Example, collate, encode
-from lib.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from lib.tokenizer import load_tokenizer, special_ids
+from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
-LABELS = ["negative", "neutral", "positive"]
-MAX_LEN = 16
-CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
-          "I loved it", "boring, far too long", "what a wonderful story about two old friends"]
-TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors were great " * 6, "I loved it",
-         "bad acting", "a long ending with good friends", "the plot"]  # one longer than MAX_LEN, one empty
-
-
-def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pair_field: str | None) -> Path:
-    torch.manual_seed(0)
-    vocab_size = load_tokenizer(tokenizer_dir).get_vocab_size()
-    backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                                             dropout=0.0, max_positions=MAX_LEN))
-    model = Classifier(backbone, HeadConfig(len(LABELS), hidden=16, dropout=0.0))
-    for weight in (p for p in model.parameters() if p.dim() > 1):  # untrained, but texts get different labels
-        torch.nn.init.normal_(weight, std=0.3)
-    encoding = {"max_len": MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pair_field else "text",
-                "text_pair_field": pair_field}
-    save_classifier(model, out_dir, tokenizer_dir, {"label_names": LABELS, "encoding": encoding})
-    return out_dir
+LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("predict")
-    train_tokenizer(CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), root / "tok")
-    return {"tok": root / "tok", "single": save_tiny_classifier(root / "single", root / "tok", None),
-            "pair": save_tiny_classifier(root / "pair", root / "tok", "hypothesis")}
+    tok = tiny_tokenizer(root / "tok")
+    return {"tok": tok, "single": save_tiny_classifier(root / "single", tok),
+            "pair": save_tiny_classifier(root / "pair", tok, pairs=True)}
 
 
 def forward_labels(model_dir: Path, texts: list[str], pairs: list[str] | None) -> tuple[list[str], np.ndarray]:

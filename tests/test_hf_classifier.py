@@ -1,0 +1,136 @@
+"""Classifier folders as transformers checkpoints: where the backbone and head have an equivalent,
+AutoModelForSequenceClassification and pipeline("text-classification") give TextClassifier's
+probabilities, single texts and pairs; the rest is saved in lib's layout with the reason; both load
+back into lib."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lib.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
+from lib.predict import TextClassifier
+from lib.tasks import encode
+from lib.tokenizer import load_tokenizer, saved_special_ids
+from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()  # tensors a class does not use (the LM head) are expected
+
+SHORT = [text for text in TINY_TEXTS if len(text.split()) <= 5]  # within TINY_MAX_LEN: the pipeline does not cut
+# no empty second text: the pipeline reads {"text_pair": ""} as no pair (a falsy check), lib as an empty one
+PAIRED = [text or "a dull plot" for text in reversed(SHORT)]
+POST = {"norm": "post"}
+# name: (TransformerConfig fields, transformers class)
+SHAPES = {
+    "bert": (POST, "BertForSequenceClassification"),
+    "bert_pooler": ({**POST, "pooler": True}, "BertForSequenceClassification"),  # an imported BERT's pooler
+    "roberta": ({**POST, "position_offset": 1, "max_positions": TINY_MAX_LEN + 1}, "RobertaForSequenceClassification"),
+    "prelayernorm": ({}, "RobertaPreLayerNormForSequenceClassification"),
+    "electra": ({**POST, "embedding_size": 16}, "ElectraForSequenceClassification"),
+    "gpt2": ({"causal": True, "embedding_norm": False, "lm_head": "linear", "segment_vocab": 0},
+             "GPT2ForSequenceClassification"),
+}
+
+
+def plain(cfg) -> HeadConfig:
+    return plain_head(cfg, len(TINY_LABELS), dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hf_classifier")
+    tok = tiny_tokenizer(root / "tok")
+    made = {"tok": tok, "concat": save_tiny_classifier(root / "concat", tok, norm="post")}
+    for name, (fields, _) in SHAPES.items():
+        for pairs in (False, True):
+            made[f"{name}{'_pair' * pairs}"] = save_tiny_classifier(root / f"{name}{'_pair' * pairs}", tok, pairs,
+                                                                    head=plain, **fields)
+    return made
+
+
+def by_label(rows: list[list[dict]]) -> np.ndarray:
+    """The pipeline's top_k=None output (each row sorted by score) as probabilities in TINY_LABELS order."""
+    return np.array([[{r["label"]: r["score"] for r in row}[label] for label in TINY_LABELS] for row in rows])
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("pairs", [False, True], ids=["single", "pair"])
+def test_transformers_gives_text_classifiers_probabilities(folders, name, pairs):
+    folder = folders[f"{name}{'_pair' * pairs}"]
+    seconds = PAIRED if pairs else None
+    ids, _, cut = encode(load_tokenizer(folder), SHORT, seconds, TINY_MAX_LEN, "head_tail",
+                         *(saved_special_ids(folder)[role] for role in ("bos", "eos")))
+    assert cut == 0
+    expected = TextClassifier.load(folder, device="cpu", precision="fp32").predict_proba(SHORT, seconds)
+    assert np.ptp(expected, axis=0).max() > 0.1  # texts get different probabilities: a constant would not pass
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder)
+    assert type(model).__name__ == SHAPES[name][1] and model.config.id2label[2] == TINY_LABELS[2]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(SHORT, seconds, padding=True, return_tensors="pt")
+    assert [row[row != tokenizer.pad_token_id].tolist() for row in inputs["input_ids"]] == ids  # as lib encodes
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    np.testing.assert_allclose(torch.softmax(logits, -1).numpy(), expected, atol=1e-5)
+
+    classify = transformers.pipeline("text-classification", model=str(folder), top_k=None, device="cpu")
+    texts = [{"text": a, "text_pair": b} for a, b in zip(SHORT, PAIRED)] if pairs else SHORT
+    np.testing.assert_allclose(by_label(classify(texts)), expected, atol=1e-5)
+    np.testing.assert_allclose(by_label(classify(texts, batch_size=4)), expected, atol=1e-5)  # padded batches
+
+
+@pytest.mark.parametrize("name", ["bert_pooler", "roberta", "gpt2"])
+def test_the_backbone_still_loads_as_a_base_and_language_model(folders, name):
+    folder = folders[name]
+    lib_model, _ = load_classifier(folder)
+    tokens = transformers.AutoTokenizer.from_pretrained(folder)(SHORT[:1], return_tensors="pt")
+    segments = tokens.get("token_type_ids", torch.zeros_like(tokens["input_ids"]))
+    with torch.no_grad():
+        ours = lib_model.encode(tokens["input_ids"], segments, tokens["attention_mask"].bool())
+        theirs = transformers.AutoModel.from_pretrained(folder)(**tokens).last_hidden_state
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
+    lm = (transformers.AutoModelForCausalLM if name == "gpt2" else transformers.AutoModelForMaskedLM)
+    assert lm.from_pretrained(folder).config.vocab_size == lib_model.backbone.cfg.vocab_size
+
+
+def test_the_head_is_in_model_safetensors_and_loads_back_into_lib(folders, tmp_path):
+    folder = folders["bert_pooler"]
+    info = json.loads((folder / "classifier.json").read_text())
+    assert info["transformers"] == "transformers: BertForSequenceClassification" and not (folder / HEAD_FILE).exists()
+    model, _ = load_classifier(folder)
+    assert model.backbone.pooler is None and model.head_cfg.pooler == "tanh"  # the pooler is the head's
+    line = save_classifier(model, tmp_path / "again", folder, {"label_names": TINY_LABELS})
+    assert line == info["transformers"]
+    again, _ = load_classifier(tmp_path / "again")
+    for (key, value), (key_again, value_again) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert key == key_again and torch.equal(value, value_again), key
+
+
+@pytest.mark.parametrize("name, head, reason", [
+    ("concat", None, "no transformers equivalent: ULMFiT's concat pooling and classifier block"),
+    ("alibi", plain, "no transformers equivalent: the backbone has no transformers equivalent (alibi positions)"),
+    ("bias", lambda cfg: HeadConfig(len(TINY_LABELS), "token", block=False, dropout=0.0),
+     "BertForSequenceClassification's head is dense + tanh + linear with bias; this head is not"),
+])
+def test_no_equivalent_saves_lib_layout_with_the_reason(folders, tmp_path, name, head, reason):
+    folder = folders["concat"] if name == "concat" else save_tiny_classifier(
+        tmp_path / name, folders["tok"], head=head, **({"position": "alibi"} if name == "alibi" else POST))
+    assert reason in json.loads((folder / "classifier.json").read_text())["transformers"]
+    assert (folder / HEAD_FILE).is_file()
+    model, _ = load_classifier(folder)
+    TextClassifier.load(folder, device="cpu").predict_proba(SHORT)
+
+
+def test_a_classifier_json_without_the_new_head_fields_loads(folders, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(folders["concat"], old)
+    info = json.loads((old / "classifier.json").read_text())
+    for key in ("pooler", "bias"):
+        del info["head"][key]
+    del info["transformers"]
+    (old / "classifier.json").write_text(json.dumps(info))
+    np.testing.assert_array_equal(TextClassifier.load(old, device="cpu").predict_proba(SHORT),
+                                  TextClassifier.load(folders["concat"], device="cpu").predict_proba(SHORT))
