@@ -9,9 +9,12 @@ layer without bias on a causal model's last token). LayerNorm
 stands in for ULMFiT's BatchNorm: it does not depend on the batch, so a prediction does not change
 with what it is batched with.
 
-Saved as a folder: the backbone as lib.model writes it (model.safetensors + config.json), the head
-(head.safetensors), classifier.json (head config, label names, how inputs are encoded) and the
-tokenizer files, so `load_classifier(folder)` rebuilds it in one call.
+Saved as a folder: the backbone as lib.model writes it (model.safetensors + config.json), the head,
+classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
+`load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
+(`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
+folder is also its sequence-classification checkpoint, the head's tensors in model.safetensors under
+its names; otherwise the head is head.safetensors and classifier.json's "transformers" says why.
 """
 from __future__ import annotations
 
@@ -158,7 +161,8 @@ def classifier_family(model: Classifier, special_ids: dict[str, int]) -> tuple[s
     if family is None:
         return None, f"the backbone has no transformers equivalent ({why})"
     if head.features == "concat" or head.block:
-        return None, "ULMFiT's concat pooling and classifier block have no transformers equivalent"
+        return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
+                     "transformers equivalent"
     if family == "gpt2":
         if head.pooler is not None or head.bias:
             return None, "GPT-2's sequence-classification head is one linear layer without bias; this head is not"
@@ -238,7 +242,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
     family, why = classifier_family(model, special)
-    line = f"transformers: {SEQUENCE_CLASSIFIERS[family][0]}" if family else f"no transformers equivalent: {why}"
+    line = f"transformers: {SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         save_model(model.backbone, tmp, special)
         if family is None:

@@ -18,7 +18,8 @@ The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors 
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
 
 The same tables export: lib.model.save_model writes a model as the family that computes exactly what
-it does (export_family), so the folders the pipeline writes load in transformers too.
+it does (export_family), so the folders the pipeline writes load in transformers too; a classifier's
+head joins them where the family's sequence-classification head is the same (lib.classifier).
 """
 from __future__ import annotations
 

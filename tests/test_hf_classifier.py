@@ -110,8 +110,8 @@ def test_the_head_is_in_model_safetensors_and_loads_back_into_lib(folders, tmp_p
 
 
 @pytest.mark.parametrize("name, head, reason", [
-    ("concat", None, "no transformers equivalent: ULMFiT's concat pooling and classifier block"),
-    ("alibi", plain, "no transformers equivalent: the backbone has no transformers equivalent (alibi positions)"),
+    ("concat", None, "lib layout only: ULMFiT's concat pooling has no transformers equivalent"),
+    ("alibi", plain, "lib layout only: the backbone has no transformers equivalent (alibi positions)"),
     ("bias", lambda cfg: HeadConfig(len(TINY_LABELS), "token", block=False, dropout=0.0),
      "BertForSequenceClassification's head is dense + tanh + linear with bias; this head is not"),
 ])
