@@ -5,9 +5,8 @@ real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooli
 [that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
 classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linear layer, or the head of
 transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
-layer without bias on a causal model's last token). LayerNorm
-stands in for ULMFiT's BatchNorm: it does not depend on the batch, so a prediction does not change
-with what it is batched with.
+layer without bias on a causal model's last token). LayerNorm stands in for ULMFiT's BatchNorm: it
+does not depend on the batch, so a prediction does not change with what it is batched with.
 
 Saved as a folder: the backbone as lib.model writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
@@ -38,8 +37,7 @@ from lib.model import CONFIG_FILE, MODEL_FILE, Transformer, TransformerConfig, l
 from lib.tokenizer import TOKENIZER_FILE, saved_special_ids
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
-
-
+EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
 POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
 
 
@@ -242,7 +240,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
     family, why = classifier_family(model, special)
-    line = f"transformers: {SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
+    line = f"{EXPORTED}{SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         save_model(model.backbone, tmp, special)
         if family is None:
@@ -265,7 +263,7 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
                         "point at a folder written by the finetune stage") from None
     model = Classifier(load_model(model_dir), head)
-    if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith("transformers:"):
+    if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
         load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
     else:  # the head's tensors are in model.safetensors, under transformers' names
         family, _ = export_family(model.backbone.cfg)

@@ -134,3 +134,11 @@ def test_a_classifier_json_without_the_new_head_fields_loads(folders, tmp_path):
     (old / "classifier.json").write_text(json.dumps(info))
     np.testing.assert_array_equal(TextClassifier.load(old, device="cpu").predict_proba(SHORT),
                                   TextClassifier.load(folders["concat"], device="cpu").predict_proba(SHORT))
+
+
+def test_the_pipeline_cuts_long_texts_at_max_len_from_the_end(folders):
+    """Not head_tail as lib may: a long text gets other probabilities, but it gets some."""
+    long = max(TINY_TEXTS, key=len)
+    classify = transformers.pipeline("text-classification", model=str(folders["bert"]), top_k=None, device="cpu")
+    assert classify.tokenizer.model_max_length == TINY_MAX_LEN
+    assert by_label(classify([long], truncation=True)).sum() == pytest.approx(1, abs=1e-5)
