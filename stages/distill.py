@@ -120,7 +120,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
             "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
-    save_classifier(student, task_dir / STUDENT, teacher_dir, meta)
+    print(f"{name}: {task_dir / STUDENT} as {save_classifier(student, task_dir / STUDENT, teacher_dir, meta)}", flush=True)
     write_json(task_dir / RESULT, {"fingerprint": run_id, "result": result.__dict__})
     return result
 

@@ -139,7 +139,7 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
                 "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}
-        save_classifier(model, task_dir / BEST, args.model, meta)
+        print(f"{name}: {task_dir / BEST} as {save_classifier(model, task_dir / BEST, args.model, meta)}", flush=True)
         write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
     write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
     return result
