@@ -108,11 +108,21 @@ def tiny_repo(base: Path) -> tuple[Path, str]:
     return repo, planted
 
 
+def copy_reproduced(reproduced: tuple[Path, str, str], dest: Path) -> Path:
+    """A copy of the session's reproduced tiny project (conftest.reproduced) in `dest`, its mirror beside it
+    as in the original: git history, DVC cache and lock, MLflow store (relative artifact paths) and all.
+    Returns the copy's repo folder."""
+    base, _, _ = reproduced
+    shutil.copytree(base, dest, symlinks=True, dirs_exist_ok=True)
+    return dest / "repo"
+
+
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """The tiny project after one `dvc repro`: what every test here starts from, whichever run alone."""
-    repo, planted = tiny_repo(tmp_path_factory.mktemp("pipeline"))
-    return repo, planted, run(repo, "dvc", "repro")
+def repo(reproduced, tmp_path_factory):
+    """The tiny project after one `dvc repro`: what every test here starts from, whichever run alone (a copy
+    of the session's, which the queue and bad-input tests start from too)."""
+    _, planted, out = reproduced
+    return copy_reproduced(reproduced, tmp_path_factory.mktemp("pipeline")), planted, out
 
 
 STAGES = ["data", "clean", "tokenizer", "pretrain", "adapt", "finetune", "distill", "evaluate"]
