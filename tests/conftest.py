@@ -1,5 +1,7 @@
-"""Fixtures: the real params.yaml as a dict, the project root as working directory, offline caches."""
+"""Fixtures: the real params.yaml as a dict, the project root as working directory, offline caches, and
+the tiny project after one `dvc repro` (shared by the modules that start from it)."""
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,3 +35,15 @@ def chdir_root(monkeypatch):
     """Relative sources in params.yaml (../shared/data/...) resolve from the project root."""
     monkeypatch.chdir(ROOT)
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> tuple[Path, str, str]:
+    """The tiny project of tests/test_pipeline.py after one `dvc repro` on the default `impl` settings: the
+    folder holding it (repo/, with its mirror in shared/ beside it), the evaluation sentence planted in its
+    pretraining text, and the repro's log. The chain runs once per session; a test never changes this
+    folder, it works on a copy (tests.test_pipeline.copy_reproduced)."""
+    from tests.test_pipeline import run, tiny_repo
+    base = tmp_path_factory.mktemp("reproduced")
+    repo, planted = tiny_repo(base)
+    return base, planted, run(repo, "dvc", "repro")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.helpers import write_jsonl_gz
-from tests.test_pipeline import copy_repo, make_tiny_data, tiny_params
+from tests.test_pipeline import copy_reproduced
 
 
 
@@ -51,22 +51,15 @@ def outputs_under(out: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """A tiny project with data, clean, tokenizer, pretrain and adapt done (tracking off)."""
-    base = tmp_path_factory.mktemp("bad_input")
-    repo = base / "repo"
-    make_tiny_data(base / "shared" / "data")
-    copy_repo(repo)
-    tiny_params(repo)
+def project(reproduced, tmp_path_factory):
+    """A tiny project with data, clean, tokenizer, pretrain and adapt done (a copy of the session's
+    reproduced one, whose outputs these are), its params then tracking off and finetune cut down."""
+    repo = copy_reproduced(reproduced, tmp_path_factory.mktemp("bad_input"))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["tracking"]["enabled"] = False
     params["finetune"].update(tasks=["sst2"], variants=["plain"], epochs=1, max_train_examples=None)
     params["distill"].update(tasks=["sst2"], unlabeled={})
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for name in ("data", "clean", "tokenizer", "pretrain", "adapt"):
-        done = subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=repo, env=env(), capture_output=True,
-                              text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
     return repo
 
 

@@ -1,7 +1,10 @@
 """Data parallel training with torchrun's environment on CPU (gloo, 2 processes), replicated (DDP) and
 sharded (FSDP2): the same curve as one process with the same global batch, and an exact resume after
-both ranks are killed."""
+both ranks are killed. Starting two processes that import torch costs more than these tiny runs, so a test
+starts its two ranks once and runs each of its cases on them, one after another (`on`)."""
+import copy
 import dataclasses
+import functools
 import json
 import os
 import socket
@@ -49,12 +52,32 @@ def leave() -> None:
         os.environ.pop(key, None)
 
 
-def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: str, dropout: float,
-          kill_at: int | None, strategy: str, model: str) -> None:
-    """One rank of a run (or the whole run when world is 1) of the stand-in module (model "next") or a
-    tiny causal transformer with discriminative LRs ("clm"); rank 0 writes the curve to `out`, and
-    the transformer's model folder beside it."""
+def ranks(rank: int, world: int, port: int, jobs: list) -> None:
+    """One rank of a process group (the whole run when world is 1) that runs `jobs`, (function, args)
+    pairs whose function takes this rank's context first, one after another, each building its own
+    model, data and trainer."""
     context = join(rank, world, port)
+    try:
+        for function, args in jobs:
+            function(context, *args)
+    finally:
+        leave()
+
+
+def on(world: int, *jobs) -> None:
+    """Runs `jobs` (see ranks) in this process (world 1) or on `world` spawned ranks."""
+    if world == 1:
+        ranks(0, 1, 0, list(jobs))
+    else:
+        mp.spawn(ranks, args=(world, free_port(), list(jobs)), nprocs=world, join=True)
+
+
+def train(context: distributed.Context, data: str, checkpoints: str, out: str, dropout: float,
+          kill_at: int | None, strategy: str, model: str) -> None:
+    """One rank of a run (or the whole run with one process) of the stand-in module (model "next") or a
+    tiny causal transformer with discriminative LRs ("clm"); rank 0 writes the curve to `out`, and
+    the transformer's model folder beside it. Stopped at `kill_at` (KillAt), it returns and writes
+    nothing, as a killed run would."""
     torch.manual_seed(0)
     layer_groups, cfg = None, CFG
     if model == "clm":
@@ -80,25 +103,19 @@ def train(rank: int, world: int, port: int, data: str, checkpoints: str, out: st
                 save_objective(module, Path(out).with_suffix(""))
     except KeyboardInterrupt:
         pass
-    finally:
-        leave()
 
 
-def finetune(rank: int, world: int, port: int, variant: str, strategy: str, aux: bool, out: str) -> None:
+def finetune(context: distributed.Context, variant: str, strategy: str, aux: bool, out: str) -> None:
     """One rank of a finetune run of `variant` on the toy task (aux: a causal model with GPT-1's
     auxiliary LM loss); rank 0 writes what it reports and the classifier it returns."""
-    context = join(rank, world, port)
     cfg = dataclasses.replace(test_finetune.CFG, aux_lm_weight=0.5 if aux else 0.0)
-    try:
-        result, model = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(causal=aux),
-                                    cfg, dataclasses.replace(test_finetune.IMPL, strategy=strategy),
-                                    torch.device("cpu"), seed=1, pad_id=test_finetune.PAD, context=context)
-        if context.main:
-            with open(out, "w") as f:
-                json.dump({"history": result.history, "eval": result.eval, "steps": result.steps}, f)
-            save_file(distributed.full_state(model, None)[0], str(Path(out).with_suffix(".safetensors")))
-    finally:
-        leave()
+    result, model = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(causal=aux),
+                                cfg, dataclasses.replace(test_finetune.IMPL, strategy=strategy),
+                                torch.device("cpu"), seed=1, pad_id=test_finetune.PAD, context=context)
+    if context.main:
+        with open(out, "w") as f:
+            json.dump({"history": result.history, "eval": result.eval, "steps": result.steps}, f)
+        save_file(distributed.full_state(model, None)[0], str(Path(out).with_suffix(".safetensors")))
 
 
 def same_weights(one: Path, two: Path) -> None:
@@ -106,14 +123,15 @@ def same_weights(one: Path, two: Path) -> None:
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-def run(world: int, data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None,
-        strategy: str = "ddp", model: str = "next") -> list | None:
+def run(data, tmp_path, name: str, dropout: float = 0.0, kill_at: int | None = None, strategy: str = "ddp",
+        model: str = "next", out: str | None = None) -> tuple:
+    """A `train` job: checkpoints in tmp_path/name, the curve in tmp_path/<out or name>.json."""
+    return train, (str(data), str(tmp_path / name), str(tmp_path / f"{out or name}.json"), dropout, kill_at, strategy,
+                   model)
+
+
+def curve_of(tmp_path, name: str) -> list | None:
     out = tmp_path / f"{name}.json"
-    args = (world, free_port(), str(data), str(tmp_path / name), str(out), dropout, kill_at, strategy, model)
-    if world == 1:
-        train(0, *args)
-    else:
-        mp.spawn(train, args=args, nprocs=world, join=True)
     return json.loads(out.read_text()) if out.exists() else None
 
 
@@ -122,42 +140,56 @@ def data(packed):  # noqa: F811
     return packed[0].prefix.parent
 
 
-def same_curve(one: list, two: list) -> None:
-    assert [step for step, _ in two] == [step for step, _ in one]
+def same_curve(one: list, two: list, what: str = "") -> None:
+    assert [step for step, _ in two] == [step for step, _ in one], what
     for (step, a), (_, b) in zip(one, two):
-        assert b == pytest.approx(a, rel=1e-4, abs=1e-5), step
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-5), (what, step)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_follow_the_one_process_curve(data, tmp_path, strategy):
+STRATEGIES = ["ddp", "fsdp"]
+
+
+def test_two_processes_follow_the_one_process_curve(data, tmp_path):
     """Each rank reads half of every batch and DDP averages the gradients (FSDP reduce-scatters them to
     each rank's shard): with the same global batch the loss curve is the single process's, up to float
     summation order."""
-    one = run(1, data, tmp_path, "one")
-    same_curve(one, run(2, data, tmp_path, "two", strategy=strategy))
+    on(1, run(data, tmp_path, "one"))
+    on(2, *(run(data, tmp_path, strategy, strategy=strategy) for strategy in STRATEGIES))
+    one = curve_of(tmp_path, "one")
+    for strategy in STRATEGIES:
+        same_curve(one, curve_of(tmp_path, strategy), strategy)
     assert one[-1][1] < one[0][1] * 0.8  # it learned something
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_killed_under_torchrun_resumes_exactly(data, tmp_path, strategy):
-    """Both ranks stopped after step 13 (checkpoint at step 10), started again: every rank restores its
-    own RNG state (dropout differs per rank), so the curve equals an uninterrupted 2-process run."""
-    whole = run(2, data, tmp_path, "whole", dropout=0.2, strategy=strategy)
-    assert run(2, data, tmp_path, "killed", dropout=0.2, kill_at=13, strategy=strategy) is None
-    resumed = run(2, data, tmp_path, "killed", dropout=0.2, strategy=strategy)
-    assert resumed == whole
+def test_killed_under_torchrun_resumes_exactly(data, tmp_path):
+    """Both ranks stopped after step 13 (checkpoint at step 10), started again with a new model, data and
+    trainer: every rank restores its own RNG state (dropout differs per rank), so the curve equals an
+    uninterrupted 2-process run; replicated and sharded."""
+    jobs = []
+    for strategy in STRATEGIES:
+        jobs += [run(data, tmp_path, f"{strategy}-whole", dropout=0.2, strategy=strategy),
+                 run(data, tmp_path, f"{strategy}-killed", dropout=0.2, kill_at=13, strategy=strategy,
+                     out=f"{strategy}-stopped"),
+                 run(data, tmp_path, f"{strategy}-killed", dropout=0.2, strategy=strategy)]
+    on(2, *jobs)
+    for strategy in STRATEGIES:
+        assert curve_of(tmp_path, f"{strategy}-stopped") is None, strategy  # stopped before its outputs
+        assert curve_of(tmp_path, f"{strategy}-killed") == curve_of(tmp_path, f"{strategy}-whole"), strategy
 
 
 def test_a_sharded_transformer_trains_and_saves_as_one_process_does(data, tmp_path):
     """FSDP shards each transformer block and the root (tied embeddings, discriminative LRs per layer
     group): the curve and the saved model folder equal a single process's; a checkpoint it wrote
     resumes exactly."""
-    one = run(1, data, tmp_path, "one", model="clm")
-    two = run(2, data, tmp_path, "two", model="clm", strategy="fsdp")
-    same_curve(one, two)
+    on(1, run(data, tmp_path, "one", model="clm"))
+    on(2, run(data, tmp_path, "two", model="clm", strategy="fsdp"),
+       run(data, tmp_path, "killed", kill_at=13, model="clm", strategy="fsdp", out="stopped"),
+       run(data, tmp_path, "killed", model="clm", strategy="fsdp"))
+    two = curve_of(tmp_path, "two")
+    same_curve(curve_of(tmp_path, "one"), two)
     same_weights(*(tmp_path / name / "model.safetensors" for name in ("one", "two")))
-    assert run(2, data, tmp_path, "killed", kill_at=13, model="clm", strategy="fsdp") is None
-    assert run(2, data, tmp_path, "killed", model="clm", strategy="fsdp") == two
+    assert curve_of(tmp_path, "stopped") is None
+    assert curve_of(tmp_path, "killed") == two
 
 
 def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
@@ -166,66 +198,62 @@ def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
     assert distributed.Context(rank=1, world=2).share(8, "k") == slice(4, 8)
 
 
-def distill(rank: int, world: int, port: int, strategy: str, checkpoints: str, out: str) -> None:
+@functools.cache
+def toy_teacher() -> torch.nn.Module:
+    """A classifier trained on the toy task by one process, the same in every process: trained once per
+    process, each distillation gets a copy (sharding changes the module it is given)."""
+    _, teacher = run_variant("from_scratch", test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(n_layers=4),
+                             test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD)
+    return teacher
+
+
+def distill(context: distributed.Context, strategy: str, checkpoints: str, out: str) -> None:
     """One rank of distilling a toy teacher with every loss term on, over labeled and unlabeled
     examples; rank 0 writes what it reports and the student."""
-    context = join(rank, world, port)
-    try:
-        task = test_finetune.toy_task()
-        _, teacher = run_variant("from_scratch", task, ["accuracy"], test_finetune.backbone(n_layers=4),
-                                 test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD)
-        unlabeled = [Example(e.ids, e.segments, UNLABELED) for e in test_finetune.toy_task(n=100, seed=1).train]
-        cfg = dataclasses.replace(test_distill.DISTILL, pkd_weight=1.0, hidden_layers="all", hidden_weight=0.5)
-        impl = dataclasses.replace(test_finetune.IMPL, strategy=strategy)
-        result, student = distill_task(teacher, task, unlabeled, ["accuracy"], cfg, impl, torch.device("cpu"),
-                                       0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
-        if context.main:
-            with open(out, "w") as f:
-                json.dump({"history": result.history, "student": result.student,
-                           "params": [result.student_params, result.teacher_params]}, f)
-            save_file(distributed.full_state(student, None)[0], str(Path(out).with_suffix(".safetensors")))
-    finally:
-        leave()
+    task = test_finetune.toy_task()
+    teacher = copy.deepcopy(toy_teacher())
+    unlabeled = [Example(e.ids, e.segments, UNLABELED) for e in test_finetune.toy_task(n=100, seed=1).train]
+    cfg = dataclasses.replace(test_distill.DISTILL, pkd_weight=1.0, hidden_layers="all", hidden_weight=0.5)
+    impl = dataclasses.replace(test_finetune.IMPL, strategy=strategy)
+    result, student = distill_task(teacher, task, unlabeled, ["accuracy"], cfg, impl, torch.device("cpu"),
+                                   0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
+    if context.main:
+        with open(out, "w") as f:
+            json.dump({"history": result.history, "student": result.student,
+                       "params": [result.student_params, result.teacher_params]}, f)
+        save_file(distributed.full_state(student, None)[0], str(Path(out).with_suffix(".safetensors")))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_distill_on_two_processes_matches_one(tmp_path, strategy):
+def test_distill_on_two_processes_matches_one(tmp_path):
     """With fsdp the teacher is sharded too: its outputs, the student's training and its scores equal
-    one process's, and the student comes back whole."""
-    results = []
+    one process's, and the student comes back whole; replicated and sharded."""
     for world in (1, 2):
-        args = (strategy, str(tmp_path / f"ckpt{world}"), str(tmp_path / f"{world}.json"))
-        if world == 1:
-            distill(0, 1, 0, *args)
-        else:
-            mp.spawn(distill, args=(world, free_port(), *args), nprocs=world, join=True)
-        results.append(json.loads((tmp_path / f"{world}.json").read_text()))
-    one, two = results
-    assert two["student"] == one["student"] and two["params"] == one["params"]
-    same_weights(tmp_path / "1.safetensors", tmp_path / "2.safetensors")
-    for a, b in zip(one["history"], two["history"], strict=True):
-        for key in ("soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4), key
+        on(world, *((distill, (strategy, str(tmp_path / f"ckpt{world}{strategy}"), str(tmp_path / f"{world}{strategy}.json")))
+                    for strategy in STRATEGIES))
+    for strategy in STRATEGIES:
+        one, two = (json.loads((tmp_path / f"{world}{strategy}.json").read_text()) for world in (1, 2))
+        assert two["student"] == one["student"] and two["params"] == one["params"], strategy
+        same_weights(tmp_path / f"1{strategy}.safetensors", tmp_path / f"2{strategy}.safetensors")
+        for a, b in zip(one["history"], two["history"], strict=True):
+            for key in ("soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"):
+                assert b[key] == pytest.approx(a[key], rel=1e-4), (strategy, key)
 
 
-@pytest.mark.parametrize("variant, strategy, aux", [("ulmfit", "ddp", False), ("plain", "ddp", False),
-                                                    ("ulmfit", "fsdp", False), ("frozen", "fsdp", False),
-                                                    ("plain", "fsdp", True)])
-def test_finetune_on_two_processes_matches_one(tmp_path, variant, strategy, aux):
+FINETUNE_CASES = [("ulmfit", "ddp", False), ("plain", "ddp", False), ("ulmfit", "fsdp", False),
+                  ("frozen", "fsdp", False), ("plain", "fsdp", True)]  # variant, strategy, aux
+
+
+def test_finetune_on_two_processes_matches_one(tmp_path):
     """The ulmfit variant unfreezes layer groups as it goes: DDP must sync them once they train, FSDP
     must gather and reduce them. The auxiliary LM loss reads the LM head after the forward. Sharded,
-    the classifier comes back whole, as one process's."""
-    results = []
+    the classifier comes back whole, as one process's. Each case in FINETUNE_CASES, on one process and on
+    two."""
     for world in (1, 2):
-        out = tmp_path / f"{world}.json"
-        if world == 1:
-            finetune(0, 1, 0, variant, strategy, aux, str(out))
-        else:
-            mp.spawn(finetune, args=(world, free_port(), variant, strategy, aux, str(out)), nprocs=world, join=True)
-        results.append(json.loads(out.read_text()))
-    same_weights(tmp_path / "1.safetensors", tmp_path / "2.safetensors")
-    one, two = results
-    assert two["steps"] == one["steps"] and two["eval"] == one["eval"]
-    for a, b in zip(one["history"], two["history"]):
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
-        assert b["dev_accuracy"] == a["dev_accuracy"]
+        on(world, *((finetune, (*case, str(tmp_path / f"{world}-{i}.json"))) for i, case in enumerate(FINETUNE_CASES)))
+    for i, case in enumerate(FINETUNE_CASES):
+        same_weights(tmp_path / f"1-{i}.safetensors", tmp_path / f"2-{i}.safetensors")
+        one, two = (json.loads((tmp_path / f"{world}-{i}.json").read_text()) for world in (1, 2))
+        assert two["steps"] == one["steps"] and two["eval"] == one["eval"], case
+        for a, b in zip(one["history"], two["history"]):
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4), case
+            assert b["dev_accuracy"] == a["dev_accuracy"], case

@@ -81,9 +81,9 @@ def tiny_params(repo: Path) -> None:
                            eval_batches=2, log_every=5, checkpoint_every=10)
     params["tasks"]["imdb"]["max_len"] = 64
     params["tasks"]["sst2"]["max_len"] = 32
-    params["finetune"].update(seeds=1, epochs=2, batch_size=8, max_train_examples={"imdb": 100}, max_eval_examples=None,
-                              dev_fraction=0.2, dev_max=40, head_hidden=16)
-    params["distill"].update(layers=1, epochs=2, batch_size=8, max_unlabeled=40)
+    params["finetune"].update(seeds=1, epochs=1, batch_size=8, max_train_examples={"imdb": 100}, max_eval_examples=None,
+                              dev_fraction=0.2, dev_max=40, head_hidden=16, unfreeze_every=8)
+    params["distill"].update(layers=1, epochs=1, batch_size=8, max_unlabeled=40)
     params["evaluate"].update(latency_seq_len=32, latency_repeats=5, throughput_batch=4)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -108,11 +108,21 @@ def tiny_repo(base: Path) -> tuple[Path, str]:
     return repo, planted
 
 
+def copy_reproduced(reproduced: tuple[Path, str, str], dest: Path) -> Path:
+    """A copy of the session's reproduced tiny project (conftest.reproduced) in `dest`, its mirror beside it
+    as in the original: git history, DVC cache and lock, MLflow store (relative artifact paths) and all.
+    Returns the copy's repo folder."""
+    base, _, _ = reproduced
+    shutil.copytree(base, dest, symlinks=True, dirs_exist_ok=True)
+    return dest / "repo"
+
+
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    """The tiny project after one `dvc repro`: what every test here starts from, whichever run alone."""
-    repo, planted = tiny_repo(tmp_path_factory.mktemp("pipeline"))
-    return repo, planted, run(repo, "dvc", "repro")
+def repo(reproduced, tmp_path_factory):
+    """The tiny project after one `dvc repro`: what every test here starts from, whichever run alone (a copy
+    of the session's, which the queue and bad-input tests start from too)."""
+    _, planted, out = reproduced
+    return copy_reproduced(reproduced, tmp_path_factory.mktemp("pipeline")), planted, out
 
 
 STAGES = ["data", "clean", "tokenizer", "pretrain", "adapt", "finetune", "distill", "evaluate"]
@@ -231,8 +241,10 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
 
 
 def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
+    """ELECTRA through the whole chain after it; finetune trains one variant (which ones do not change what
+    reruns: every stage after pretrain does)."""
     repo, _, _ = repo
-    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-n", "electra")
+    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-S", "finetune.variants=[plain]", "-n", "electra")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     metrics = json.loads((repo / "metrics/pretrain.json").read_text())
     assert metrics["objective"] == "electra" and 0.5 < metrics["val_disc_accuracy"] <= 1.0
@@ -247,8 +259,11 @@ def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
 
 
 def test_param_change_reruns_only_what_depends_on_it(repo):
+    """The experiment stops at pretrain (`dvc exp run pretrain`): what reruns above it is the point; the
+    stages after it rerun as the objective experiment's do. Their outputs in the workspace stay the objective
+    experiment's until a test reruns them (the killed repro below reruns adapt)."""
     repo, _, _ = repo
-    out = run(repo, "dvc", "exp", "run", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
+    out = run(repo, "dvc", "exp", "run", "pretrain", "-S", "tokenizer.algorithm=wordpiece", "-n", "wordpiece")
     assert "Running stage 'tokenizer'" in out and "Running stage 'clean'" not in out
     assert "Running stage 'pretrain'" in out  # the tokenizer changed, so does everything after it
     tok = json.loads((repo / "metrics/tokenizer.json").read_text())
@@ -394,7 +409,8 @@ def saved_epochs(directory: Path) -> int:
 
 
 # stage -> its inputs, the params it trains with here, its saved progress, and the progress points to
-# kill it after (all before its last save)
+# kill it after (all before its last save); finetune resumes run by run, of 2 tasks x 2 variants here (the
+# trained and the probed kind)
 KILLS = {
     "pretrain": (["--tokenizer", "data/tokens/tokenizer", "--tokens", "data/tokens/pretrain"],
                  {"objective": "mlm", "pretrain": dict(budget_tokens=32 * 8 * 120, checkpoint_every=20, eval_every=40)},
@@ -402,7 +418,7 @@ KILLS = {
     "adapt": (["--model", "models/pretrain", "--tokens", "data/tokens/domain"],
               {"adapt": dict(budget_tokens=32 * 8 * 60, checkpoint_every=10, eval_every=20)},
               lambda ckpt: max(checkpoint_steps(ckpt), default=0), (10, 20, 30, 40)),
-    "finetune": (["--model", "models/adapt"], {"finetune": dict(epochs=3)},
+    "finetune": (["--model", "models/adapt"], {"finetune": dict(epochs=3, variants=["ulmfit", "frozen"])},
                  lambda ckpt: len(list(ckpt.glob("*/*-seed*.json"))), (1, 2, 3)),
     "distill": (["--teachers", "models/finetune"], {"distill": dict(epochs=4)}, saved_epochs, (1, 2)),
 }

@@ -5,22 +5,18 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from tests.test_pipeline import copy_repo, make_tiny_data, run, tiny_params
+from tests.test_pipeline import copy_reproduced, run
 
 
-def test_two_queued_experiments_run_side_by_side(tmp_path):
-    repo = tmp_path / "repo"
-    make_tiny_data(tmp_path / "shared" / "data")
-    copy_repo(repo)
-    tiny_params(repo)  # the default sources: hub ids, read from the mirror beside the project (a relative path)
-    run(repo, "git", "init", "-q")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "tiny")
-    run(repo, "dvc", "repro", "-q")
+def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
+    # the tiny project after `dvc repro`, with the default sources: hub ids, read from the mirror beside the
+    # project (a relative path)
+    repo = copy_reproduced(reproduced, tmp_path)
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "baseline")
     for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
-        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}")
+        # finetune.lr is the ulmfit variant's: the other variants, which it would not change, are left out
+        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}", "-S", "finetune.variants=[ulmfit]")
     out = run(repo, "dvc", "exp", "run", "--run-all", "-j", "2")
     assert out.count("Running stage 'finetune'") == 2 and "Running stage 'pretrain'" not in out
     assert out.count("shared by 2 queue workers") >= 2  # torch's threads divided between the two (lib/runtime.py)
