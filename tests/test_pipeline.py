@@ -578,7 +578,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
         checkpoint)
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                    intermediate_size=64)).save_pretrained(checkpoint)
-    out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm", "-n", "init")
+    out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm",
+              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-n", "init")
     assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
     assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
     assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
