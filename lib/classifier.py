@@ -65,8 +65,12 @@ def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadCo
     classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA."""
     if cfg.causal:
         return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
-    pooler = "gelu" if export_family(cfg)[0] == "electra" else "tanh"
-    return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=pooler)
+    return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=head_activation(export_family(cfg)[0]))
+
+
+def head_activation(family: str | None) -> str:
+    """The activation of a bidirectional family's sequence-classification head: ELECTRA's GELU, else tanh."""
+    return "gelu" if family == "electra" else "tanh"
 
 
 class Classifier(nn.Module):
@@ -169,7 +173,7 @@ def classifier_family(model: Classifier, special_ids: dict[str, int]) -> tuple[s
         return family, ""
     if cfg.causal:
         return None, f"a causal {family}: its transformers head reads the first token, a causal head the last"
-    wanted = "gelu" if family == "electra" else "tanh"
+    wanted = head_activation(family)
     if head.pooler != wanted or not head.bias:
         name = SEQUENCE_CLASSIFIERS[family][0]
         return None, f"{name}'s head is dense + {wanted} + linear with bias; this head is not"
