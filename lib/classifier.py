@@ -31,9 +31,10 @@ from tokenizers import Tokenizer, processors
 from torch import nn
 
 from lib.errors import UserError
-from lib.hf import export_family, read_weights
+from lib.hf import export_family, load_exported, read_weights
 from lib.io import atomic_dir
-from lib.model import CONFIG_FILE, MODEL_FILE, Transformer, TransformerConfig, load_model, load_weights, save_model
+from lib.model import (CONFIG_FILE, MODEL_FILE, Transformer, TransformerConfig, load_model, load_weights, read_config,
+                       save_model)
 from lib.tokenizer import TOKENIZER_FILE, saved_special_ids
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
@@ -191,21 +192,18 @@ def head_tensor_names(model: Classifier, family: str) -> dict[str, str]:
     return names
 
 
-def export_head(model: Classifier, family: str, folder: Path, label_names: list[str] | None) -> None:
-    """Turn the transformers checkpoint save_model wrote into `folder` into its sequence-classification
-    one: the head's tensors beside the backbone's, the config naming the class and the labels."""
-    tensors = safetensors.torch.load_file(str(folder / MODEL_FILE))
+def head_checkpoint(model: Classifier, family: str, label_names: list[str] | None) -> tuple[dict, dict]:
+    """(the head's tensors under transformers' names, the config.json keys) that make save_model's
+    `family` checkpoint its sequence-classification one: the class, the labels."""
     head = model.head.state_dict()
-    tensors.update({theirs: head[ours].detach().cpu().contiguous()
-                    for ours, theirs in head_tensor_names(model, family).items()})
-    safetensors.torch.save_file(tensors, str(folder / MODEL_FILE), metadata={"format": "pt"})
-    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    tensors = {theirs: head[ours].detach().cpu().contiguous()
+               for ours, theirs in head_tensor_names(model, family).items()}
     labels = label_names or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
-    config.update(architectures=[SEQUENCE_CLASSIFIERS[family][0]], num_labels=len(labels),
+    config = dict(architectures=[SEQUENCE_CLASSIFIERS[family][0]], num_labels=len(labels),
                   id2label={str(i): name for i, name in enumerate(labels)},
                   label2id={name: i for i, name in enumerate(labels)}, problem_type="single_label_classification",
                   classifier_dropout=model.head_cfg.dropout)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return tensors, config
 
 
 def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
@@ -246,11 +244,11 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     family, why = classifier_family(model, special)
     line = f"{EXPORTED}{SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
-        save_model(model.backbone, tmp, special)
         if family is None:
+            save_model(model.backbone, tmp, special)
             safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
         else:
-            export_head(model, family, tmp, meta.get("label_names"))
+            save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta.get("label_names")))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
@@ -266,13 +264,14 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
                         "point at a folder written by the finetune stage") from None
-    model = Classifier(load_model(model_dir), head)
     if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
+        model = Classifier(load_model(model_dir), head)
         load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
-    else:  # the head's tensors are in model.safetensors, under transformers' names
-        family, _ = export_family(model.backbone.cfg)
+    else:  # the head's tensors are in model.safetensors, under transformers' names: read the file once
         theirs = read_weights(model_dir)
-        names = head_tensor_names(model, family)
+        cfg = read_config(model_dir)
+        model = Classifier(load_exported(model_dir, cfg, theirs), head)
+        names = head_tensor_names(model, export_family(cfg)[0])
         missing = [t for t in names.values() if t not in theirs]
         if missing:
             raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the classifier's head); "

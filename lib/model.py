@@ -380,21 +380,28 @@ CONFIG_FILE = "config.json"
 EXPORT_KEY = "transfer_pipeline"  # our config inside a transformers config.json (lib.hf.export_checkpoint)
 
 
-def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None) -> None:
+def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
+               task_head: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
     """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: a transformers
     checkpoint where a transformers architecture computes exactly what this model does (lib.hf, which
-    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout."""
+    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout. `task_head`:
+    (tensors, config.json keys) a task model adds to the transformers checkpoint, so the file is
+    written once (lib.classifier)."""
     from lib.hf import export_checkpoint, export_family  # lib.hf builds on this module
 
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
     family, _ = export_family(model.cfg)
+    if task_head is not None and family is None:
+        raise ValueError("a task head's tensors go into a transformers checkpoint; this model has none")
     with atomic_dir(out_dir) as tmp:
         if family is None:
             safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
             config = dataclasses.asdict(model.cfg)
         else:
             config, tensors = export_checkpoint(model, family, special_ids or {})
-            safetensors.torch.save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+            head_tensors, head_config = task_head or ({}, {})
+            config.update(head_config)
+            safetensors.torch.save_file({**tensors, **head_tensors}, str(tmp / MODEL_FILE), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
