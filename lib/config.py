@@ -334,6 +334,11 @@ class AdaptConfig(TrainConfig):
     lr_decay: float = 2.6
 
 
+# what finetune runs rather than how it trains: with_init cannot change these
+FINETUNE_SELECTION_KEYS = ("tasks", "variants", "seeds", "max_train_examples", "max_eval_examples", "dev_fraction",
+                           "dev_max", "with_init")
+
+
 @dataclass
 class FinetuneConfig:
     """ULMFiT step 3 and its baselines, per task x variant x seed."""
@@ -370,8 +375,25 @@ class FinetuneConfig:
     head_dropout: float = 0.1
     aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
     patience: int = 2  # epochs without a better dev score before stopping
+    # with `init` set, these values replace the keys above of the same name: a published transformer
+    # wants far gentler LRs than ULMFiT's, which were tuned for an LSTM (README: the checkpoint ablation)
+    with_init: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
+        self.check(key)
+        hints = typing.get_type_hints(FinetuneConfig)
+        for name, value in self.with_init.items():
+            if name not in hints or name in FINETUNE_SELECTION_KEYS:
+                allowed = [k for k in hints if k not in FINETUNE_SELECTION_KEYS]
+                raise ParamsError(f"{key}.with_init.{name}: not a training setting; one of {', '.join(allowed)}")
+            self.with_init[name] = _coerce(value, hints[name], f"{key}.with_init.{name}")
+        self.from_checkpoint().check(f"{key}.with_init")
+
+    def from_checkpoint(self) -> FinetuneConfig:
+        """This config with with_init's values in place: what finetuning a published checkpoint uses."""
+        return dataclasses.replace(self, **self.with_init)
+
+    def check(self, key: str) -> None:
         at_least_one(self, key, "seeds", "epochs", "batch_size", "dev_max", "head_hidden", "patience")
         for name in ("tasks", "variants"):
             values = getattr(self, name)
@@ -532,6 +554,8 @@ class Params:
                               "or null (pretrain from scratch)")
         for name in self.tasks:
             check_task_name(name)
+        if self.init is not None:  # every stage and the tracked params see the values finetuning uses
+            self.finetune = self.finetune.from_checkpoint()
         for name in ("pretrain", "adapt"):
             seq_len = getattr(self, name).seq_len
             if seq_len > self.model.max_positions:
@@ -681,6 +705,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ParamsError(f"{key}: expected a mapping, got {_describe(value)}")
         return {str(k): _coerce(v, args[1], _join(key, str(k))) for k, v in value.items()}
+    if tp is Any:
+        return value
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
     if tp is bool:

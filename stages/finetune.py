@@ -55,6 +55,9 @@ def main() -> None:
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     runtime_facts = runtime.configure(params.impl, device)
+    if params.init is not None and cfg.with_init:
+        distributed.say(context, f"finetune: starting from {params.init}, so finetune.with_init sets "
+                        + ", ".join(f"{k}={v}" for k, v in cfg.with_init.items()))
     tokenizer = load_tokenizer(args.model)
     special = saved_special_ids(args.model)
     adapted = load_model(args.model)

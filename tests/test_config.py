@@ -204,3 +204,25 @@ def test_flatten_nested(chdir_root):
     flat = flatten(load_params("params.yaml").clean)
     assert flat["near_dedup.num_perm"] == 128
     assert flat["decontaminate.enabled"] is True
+
+
+def test_with_init_replaces_finetune_settings_only_from_a_checkpoint(chdir_root, tmp_path, default_params):
+    default_params["finetune"]["with_init"] = {"plain_lr": 3e-5, "unfreeze_every": 5, "gradual_unfreezing": False}
+    scratch = load(tmp_path, default_params).finetune
+    assert (scratch.plain_lr, scratch.unfreeze_every) == (default_params["finetune"]["plain_lr"],
+                                                          default_params["finetune"]["unfreeze_every"])
+    default_params["init"] = "hf:org/model"
+    checkpoint = load(tmp_path, default_params).finetune
+    assert (checkpoint.plain_lr, checkpoint.unfreeze_every, checkpoint.gradual_unfreezing) == (3e-5, 5, False)
+    assert checkpoint.lr == scratch.lr  # a key with_init leaves out keeps its value
+
+
+@pytest.mark.parametrize("with_init, message", [
+    ({"plain_lrr": 1e-4}, "finetune.with_init.plain_lrr: not a training setting; one of"),
+    ({"tasks": ["sst2"]}, "finetune.with_init.tasks: not a training setting"),
+    ({"lr": "fast"}, "finetune.with_init.lr: expected a number, got str 'fast'"),
+    ({"lr_decay": 0.5}, "finetune.with_init.lr_decay: 0.5 must be >= 1"),
+])
+def test_with_init_is_checked_without_init(chdir_root, tmp_path, default_params, with_init, message):
+    default_params["finetune"]["with_init"] = with_init
+    assert message in error_of(tmp_path, default_params)
