@@ -48,6 +48,7 @@ CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE = (
 HUB_FILES = [CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE, "tokenizer_config.json",
              "special_tokens_map.json"]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+ELECTRA_DISCRIMINATOR_HEAD = "discriminator_predictions."  # ElectraForPreTraining's head: dense, act, dense_prediction
 REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
@@ -56,7 +57,13 @@ class ImportedModel:
     model: Transformer
     family: str
     fresh: list[str]  # our tensor names the checkpoint did not have (initialised fresh)
-    unused: list[str]  # checkpoint tensors not mapped (heads of other tasks)
+    unused: dict[str, torch.Tensor]  # checkpoint tensors not mapped into the model (heads of other tasks), by name
+
+    def discriminator_head(self) -> dict[str, torch.Tensor]:
+        """An ELECTRA discriminator checkpoint's replaced-token detection head, under the names of
+        lib.objectives.electra.DiscriminatorHead (the same as transformers'); {} if it has none."""
+        return {k.removeprefix(ELECTRA_DISCRIMINATOR_HEAD): v for k, v in self.unused.items()
+                if k.startswith(ELECTRA_DISCRIMINATOR_HEAD)}
 
 
 def resolve(spec: str, root: Path, mirror: str | None, key: str = "init") -> Path:
@@ -265,7 +272,7 @@ def load_tensors(model: Transformer, family: str, theirs: dict[str, torch.Tensor
         raise UserError(f"{folder}: the {family} weights lack {len(missing)} tensors this config needs "
                         f"(e.g. {missing[0]}); is the weights file from another model?")
     model.load_state_dict({**ours, **loaded})
-    unused = sorted(k for k in theirs if k not in used and not k.endswith("position_ids"))
+    unused = {k: theirs[k] for k in sorted(theirs) if k not in used and not k.endswith("position_ids")}
     return ImportedModel(model.eval(), family, fresh, unused)
 
 
@@ -446,7 +453,7 @@ def describe_import(imported: ImportedModel, spec: str) -> str:
     if imported.fresh:
         line += f"; no {', '.join(sorted({k.rsplit('.', 1)[0] for k in imported.fresh}))} in the checkpoint: initialised fresh"
     if imported.unused:
-        line += f"; {len(imported.unused)} tensors not used (e.g. {imported.unused[0]})"
+        line += f"; {len(imported.unused)} tensors not used (e.g. {next(iter(imported.unused))})"
     return line
 
 

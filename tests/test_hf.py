@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from lib.config import load_params
 from lib.errors import UserError
 from lib.hf import export_family, import_model, import_tokenizer, resolve
 from lib.model import Transformer, TransformerConfig, load_model, save_model
+from lib.objectives.electra import Electra
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders, processors  # noqa: E402
@@ -109,15 +111,31 @@ def test_family_imports_exactly(family, tmp_path):
     assert not import_model(tmp_path).fresh
 
 
-def test_electra_discriminator_keeps_encoder_and_names_missing_head(tmp_path):
+def test_electra_discriminator_keeps_encoder_and_its_detection_head(tmp_path):
     transformers.AutoTokenizer.from_pretrained(MINILM).save_pretrained(tmp_path)
-    transformers.ElectraForPreTraining(transformers.ElectraConfig(
-        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-    )).save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    discriminator = transformers.ElectraForPreTraining(transformers.ElectraConfig(
+        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+    with torch.no_grad():  # transformers starts biases at zero; a swapped bias would not show
+        for name, p in discriminator.named_parameters():
+            if name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    discriminator.save_pretrained(tmp_path)
     compare(tmp_path)
     imported = import_model(tmp_path)
     assert {k.rsplit(".", 1)[0] for k in imported.fresh} == {"head.dense", "head.norm", "head.decoder"}
     assert all(k.startswith("discriminator_predictions") for k in imported.unused)
+    # the replaced-token head goes into the electra objective and gives transformers' logits
+    objective = Electra(load_params(ROOT / "params.yaml"), imported.model.cfg.vocab_size, {"pad": 0, "mask": 103}, imported.model.cfg)
+    objective.discriminator.load_state_dict(imported.model.state_dict())
+    objective.disc_head.load_state_dict(imported.discriminator_head())
+    objective.eval()
+    batch = transformers.AutoTokenizer.from_pretrained(tmp_path)(SENTENCES, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = transformers.ElectraForPreTraining.from_pretrained(tmp_path).eval()(**batch).logits
+        ours = objective.disc_head(objective.discriminator(batch["input_ids"], batch["token_type_ids"], mask))
+    assert (expected - ours)[mask].abs().max() < TOL
 
 
 @pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")

@@ -8,8 +8,10 @@ Discriminators Rather Than Generators").
 - Corruption: every selected position gets a token sampled from the generator's softmax (gumbel-max on
   detached logits, so no gradient flows through sampling; special ids are never sampled). A sample that
   equals the original counts as original, as in the paper.
-- Discriminator: the full-size Transformer with a linear head d_model -> 1 predicting, at every
-  position (all tokens are real: windows have no padding), whether the token was replaced; BCE loss.
+- Discriminator: the full-size Transformer with ELECTRA's head (dense d_model -> d_model, the model's
+  GELU, dense -> 1; transformers' ElectraForPreTraining, so a published discriminator brings its own)
+  predicting, at every position (all tokens are real: windows have no padding), whether the token was
+  replaced; BCE loss.
 - Loss: gen_mlm + disc_weight * BCE (lambda = 50 in the paper). Only the discriminator is kept:
   `backbone()` returns it.
 
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lib.config import Params
-from lib.model import Transformer, TransformerConfig
+from lib.model import ACTIVATIONS, Transformer, TransformerConfig
 from lib.objectives import Objective, register
 from lib.objectives.masking import mask_tokens, special_mask
 from lib.objectives.mlm import masked_lm_loss
@@ -49,7 +51,7 @@ class Electra(Objective):
         cfg = self.arch
         self.discriminator = Transformer(cfg)
         self.generator = Transformer(cfg.scaled(params.electra.generator_width), embeddings=self.discriminator.embeddings)
-        self.disc_head = nn.Linear(cfg.d_model, 1)
+        self.disc_head = DiscriminatorHead(cfg)
         never_sampled = special_mask(torch.arange(vocab_size), special_ids.values())
         self.register_buffer("never_sampled", never_sampled, persistent=False)
 
@@ -69,7 +71,7 @@ class Electra(Objective):
             corrupted = original.masked_scatter(masked.selected, sampled)
             replaced = corrupted != original
 
-        disc_logits = self.disc_head(self.discriminator(corrupted)).squeeze(-1)
+        disc_logits = self.disc_head(self.discriminator(corrupted))
         disc_loss = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced.float())
 
         flagged = disc_logits.detach() > 0
@@ -85,6 +87,19 @@ class Electra(Objective):
 
     def backbone(self) -> Transformer:
         return self.discriminator
+
+
+class DiscriminatorHead(nn.Module):
+    """Per position, the logit that the token was replaced."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dense_prediction = nn.Linear(cfg.d_model, 1)
+        self.approximate = ACTIVATIONS[cfg.activation]
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.dense_prediction(F.gelu(self.dense(hidden), approximate=self.approximate)).squeeze(-1)
 
 
 def roc_auc(scores: Tensor, positive: Tensor) -> Tensor:
