@@ -15,7 +15,7 @@ import numpy as np
 
 from lib import tracking
 from lib.config import load_params, stage_params
-from lib.corpus import CORPORA, TRAIN, VALID, read_clean
+from lib.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
 from lib.errors import run_main
 from lib.hf import checkpoint_folder, save_tokenizer
 from lib.io import atomic_dir, check_writable, write_csv, write_json
@@ -54,7 +54,8 @@ def main() -> None:
                     prefix.parent.mkdir(parents=True, exist_ok=True)
                     stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
                                              vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature,
-                                             progress=Progress(f"tokenizer: {corpus}/{split}", None, "docs"))
+                                             progress=Progress(f"tokenizer: {corpus}/{split}",
+                                                               count_clean(args.clean, corpus, split), "docs"))
                     metrics[f"{corpus}_{split}"] = summarize(stats)
                     print(f"tokenizer: {corpus}/{split}: {stats.tokens} tokens from {stats.docs} docs "
                           f"({metrics[f'{corpus}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)

@@ -126,7 +126,8 @@ def test_electra_discriminator_keeps_encoder_and_its_detection_head(tmp_path):
     assert {k.rsplit(".", 1)[0] for k in imported.fresh} == {"head.dense", "head.norm", "head.decoder"}
     assert all(k.startswith("discriminator_predictions") for k in imported.unused)
     # the replaced-token head goes into the electra objective and gives transformers' logits
-    objective = Electra(load_params(ROOT / "params.yaml"), imported.model.cfg.vocab_size, {"pad": 0, "mask": 103}, imported.model.cfg)
+    cfg = imported.model.cfg
+    objective = Electra(load_params(ROOT / "params.yaml"), cfg.vocab_size, {"pad": 0, "mask": 103}, cfg)
     objective.discriminator.load_state_dict(imported.model.state_dict())
     objective.disc_head.load_state_dict(imported.discriminator_head())
     objective.eval()
