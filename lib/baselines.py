@@ -26,8 +26,9 @@ import torch
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
+from lib.metrics import compute_metrics, confusion_matrix
 from lib.model import Transformer
-from lib.tasks import Row, TaskRows, TRUNCATIONS, _cut, _pair_lengths, compute_metrics, confusion_matrix
+from lib.tasks import Row, TaskRows, TRUNCATIONS, _cut, _pair_lengths
 
 WORD = re.compile(r"\w+")
 FIELDS = re.compile(r"(\{text\}|\{text_pair\})")  # the placeholders of a zero-shot template

@@ -36,9 +36,10 @@ from lib import distributed, runtime
 from lib.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
+from lib.metrics import compute_metrics, confusion_matrix
 from lib.model import Transformer
 from lib.progress import Progress
-from lib.tasks import Example, TaskData, batch_indices, collate, compute_metrics, confusion_matrix
+from lib.tasks import Example, TaskData, batch_indices, collate
 from lib.trainer import discriminative_groups, slanted_triangular, warmup_decay
 
 

@@ -36,12 +36,13 @@ from lib.config import Params, load_params, stage_params
 from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.errors import UserError, run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
+from lib.metrics import compute_metrics, confusion_matrix
 from lib.raw import localize
 from lib.model import load_model
 from lib.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
-from lib.tasks import compute_metrics, confusion_matrix, read_task
+from lib.tasks import read_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
 from lib.trainer import resolve_device
 
