@@ -383,7 +383,8 @@ ARCHITECTURES = {"bert": ("BertForMaskedLM", "BertLMHeadModel"), "roberta": ("Ro
                  "gpt2": (None, "GPT2LMHeadModel")}
 
 
-def load_exported(folder: Path, cfg: TransformerConfig, tensors: dict[str, torch.Tensor] | None = None) -> Transformer:
+def load_exported(folder: Path, cfg: TransformerConfig,
+                  tensors: dict[str, torch.Tensor] | None = None) -> Transformer:
     """A folder save_model wrote as a transformers checkpoint, back into the identical Transformer;
     `tensors`: its read_weights, where the caller has them already (a task head's are among them)."""
     family, _ = export_family(cfg)
