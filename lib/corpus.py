@@ -96,7 +96,7 @@ def read_clean(clean_dir: Path, corpus: str, split: str) -> Iterator[str]:
 
 
 def count_clean(clean_dir: Path, corpus: str, split: str) -> int:
-    """How many texts read_clean yields: one JSON line each (a second's decompression per 100 MB), so
-    the tokenizer's progress can show a total and an ETA."""
+    """How many texts read_clean yields: one JSON line each, counted in one decompression pass without
+    parsing, so the tokenizer's progress can show a total and an ETA."""
     with gzip.open(clean_dir / corpus / f"{split}{SUFFIX}", "rb") as f:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
