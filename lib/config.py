@@ -569,17 +569,19 @@ class Params:
             if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
-        if isinstance(self.finetune.max_train_examples, dict):
-            for task in self.finetune.max_train_examples:
-                if task not in self.finetune.tasks:
-                    raise ParamsError(f"finetune.max_train_examples.{task}: '{task}' is not in finetune.tasks")
+        # per-task settings may name tasks that are not selected (so that selecting another task is one
+        # -S flag), but not tasks that do not exist: those are typos
+        limits = self.finetune.max_train_examples if isinstance(self.finetune.max_train_examples, dict) else {}
+        for key, named in (("finetune.max_train_examples", limits), ("distill.unlabeled", self.distill.unlabeled)):
+            for task in named:
+                if task not in self.tasks:
+                    close = difflib.get_close_matches(task, self.tasks, n=1)
+                    hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
+                    raise ParamsError(f"{key}.{task}: '{task}' is not a task in `tasks`; {hint}")
         for i, task in enumerate(self.distill.tasks):
             if task not in self.finetune.tasks:
                 raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "
                                   "a student needs its task's finetuned teacher")
-        for task in self.distill.unlabeled:
-            if task not in self.distill.tasks:
-                raise ParamsError(f"distill.unlabeled.{task}: '{task}' is not in distill.tasks")
         for task, prompt in self.evaluate.zero_shot.items():
             if task not in self.tasks:
                 raise ParamsError(f"evaluate.zero_shot.{task}: '{task}' is not a task in `tasks`")

@@ -139,10 +139,11 @@ def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value
 
 @pytest.mark.parametrize("section, key, value, message", [
     ("finetune", "max_train_examples", {"imdb": 0}, "finetune.max_train_examples.imdb: 0 must be >= 1"),
-    ("finetune", "max_train_examples", {"cola": 10}, "finetune.max_train_examples.cola: 'cola' is not in finetune.tasks"),
+    ("finetune", "max_train_examples", {"imbd": 10},
+     "finetune.max_train_examples.imbd: 'imbd' is not a task in `tasks`; did you mean 'imdb'?"),
     ("finetune", "max_train_examples", "many", "finetune.max_train_examples: expected"),
     ("distill", "tasks", ["imdb", "cola"], "distill.tasks[1]: 'cola' is not in finetune.tasks"),
-    ("distill", "unlabeled", {"sst2": "unsup", "mrpc": "x"}, "distill.unlabeled.mrpc: 'mrpc' is not in distill.tasks"),
+    ("distill", "unlabeled", {"sst2": "unsup", "mrcp": "x"}, "distill.unlabeled.mrcp: 'mrcp' is not a task in `tasks`"),
     ("distill", "width", 0.5, "distill.init: a narrower student (width 0.5) cannot copy teacher blocks"),
     ("distill", "layer_map", [1, 2, 3], "distill.layer_map: 3 entries for 2 student layers"),
     ("distill", "pkd_weight", -1.0, "must be >= 0 and not all 0"),
@@ -226,3 +227,11 @@ def test_with_init_replaces_finetune_settings_only_from_a_checkpoint(chdir_root,
 def test_with_init_is_checked_without_init(chdir_root, tmp_path, default_params, with_init, message):
     default_params["finetune"]["with_init"] = with_init
     assert message in error_of(tmp_path, default_params)
+
+
+def test_per_task_settings_of_unselected_tasks_are_ignored(chdir_root, tmp_path, default_params):
+    # selecting another task is one -S flag: the shipped per-task settings for imdb do not stop it
+    default_params["finetune"]["tasks"] = ["cola"]
+    default_params["distill"]["tasks"] = ["cola"]
+    params = load(tmp_path, default_params)
+    assert params.finetune.train_limit("cola") is None and "imdb" in params.distill.unlabeled
