@@ -548,6 +548,12 @@ class Params:
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
 
+    def unknown_task(self, key: str, task: str) -> ParamsError:
+        """The error for `key` naming `task`, which is not in `tasks`, with the closest name there."""
+        close = difflib.get_close_matches(task, self.tasks, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
+        return ParamsError(f"{key}: '{task}' is not a task in `tasks`; {hint}")
+
     def validate(self, key: str) -> None:
         if self.init is not None and not self.init.removeprefix(HUB_PREFIX).partition("@")[0].strip("/ "):
             raise ParamsError(f"init: '{self.init}' names no checkpoint; write a folder, hf:<org>/<name>[@revision] "
@@ -563,9 +569,7 @@ class Params:
                                   f"({self.model.max_positions}); lower it or raise model.max_positions")
         for i, task in enumerate(self.finetune.tasks):
             if task not in self.tasks:
-                close = difflib.get_close_matches(task, self.tasks, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
-                raise ParamsError(f"finetune.tasks[{i}]: '{task}' is not a task in `tasks`; {hint}")
+                raise self.unknown_task(f"finetune.tasks[{i}]", task)
             if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
@@ -575,9 +579,7 @@ class Params:
         for key, named in (("finetune.max_train_examples", limits), ("distill.unlabeled", self.distill.unlabeled)):
             for task in named:
                 if task not in self.tasks:
-                    close = difflib.get_close_matches(task, self.tasks, n=1)
-                    hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
-                    raise ParamsError(f"{key}.{task}: '{task}' is not a task in `tasks`; {hint}")
+                    raise self.unknown_task(f"{key}.{task}", task)
         for i, task in enumerate(self.distill.tasks):
             if task not in self.finetune.tasks:
                 raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "
