@@ -118,13 +118,7 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
               flush=True)
     arch = imported.model.cfg
     objective = build_objective(name, params, arch.vocab_size, saved_special_ids(tokenizer_dir), arch)
-    objective.backbone().load_state_dict(imported.model.state_dict())
-    if name == "electra":
-        head = imported.discriminator_head()
-        if head:
-            objective.disc_head.load_state_dict(head)
-        fresh = "the generator starts" if head else "the generator and the replaced-token head start"
-        print(f"electra: {fresh} fresh (the checkpoint has {'no generator' if head else 'neither'})", flush=True)
+    objective.start_from(imported)
     return objective, imported
 
 

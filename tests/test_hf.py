@@ -128,8 +128,7 @@ def test_electra_discriminator_keeps_encoder_and_its_detection_head(tmp_path):
     # the replaced-token head goes into the electra objective and gives transformers' logits
     cfg = imported.model.cfg
     objective = Electra(load_params(ROOT / "params.yaml"), cfg.vocab_size, {"pad": 0, "mask": 103}, cfg)
-    objective.discriminator.load_state_dict(imported.model.state_dict())
-    objective.disc_head.load_state_dict(imported.discriminator_head())
+    objective.start_from(imported)
     objective.eval()
     batch = transformers.AutoTokenizer.from_pretrained(tmp_path)(SENTENCES, padding=True, return_tensors="pt")
     mask = batch["attention_mask"].bool()

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from lib.config import Params
 from lib.errors import UserError
+from lib.hf import ImportedModel
 from lib.model import Transformer, TransformerConfig, load_model, save_model
 
 
@@ -54,6 +55,11 @@ class Objective(nn.Module):
     def backbone(self) -> Transformer:
         """The Transformer that later stages fine-tune."""
         raise NotImplementedError
+
+    def start_from(self, imported: ImportedModel) -> None:
+        """Take a published checkpoint's weights: its model as the backbone (an objective with parts of
+        its own that a checkpoint may carry loads those too)."""
+        self.backbone().load_state_dict(imported.model.state_dict())
 
 
 OBJECTIVES: dict[str, type[Objective]] = {}

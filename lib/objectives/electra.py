@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lib.config import Params
+from lib.hf import ImportedModel
 from lib.model import ACTIVATIONS, Transformer, TransformerConfig
 from lib.objectives import Objective, register
 from lib.objectives.masking import mask_tokens, special_mask
@@ -87,6 +88,15 @@ class Electra(Objective):
 
     def backbone(self) -> Transformer:
         return self.discriminator
+
+    def start_from(self, imported: ImportedModel) -> None:
+        """A discriminator checkpoint also brings its replaced-token head; none brings a generator."""
+        super().start_from(imported)
+        head = imported.discriminator_head()
+        if head:
+            self.disc_head.load_state_dict(head)
+        fresh = "the generator starts" if head else "the generator and the replaced-token head start"
+        print(f"electra: {fresh} fresh (the checkpoint has {'no generator' if head else 'neither'})", flush=True)
 
 
 class DiscriminatorHead(nn.Module):
