@@ -271,7 +271,25 @@ class ElectraConfig:
 
 
 @dataclass
-class TrainConfig:
+class OptimizerConfig:
+    """AdamW and the optimizer step (lib/fit.py), the same keys in every stage that trains."""
+
+    weight_decay: float = 0.01  # on matrices, never on biases and norms
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-6
+    clip_norm: float = 1.0  # 0 = no clipping
+    max_bad_steps: int = 3  # non-finite losses in a row that are skipped before the run stops
+
+    def check_optimizer(self, key: str) -> None:
+        if self.weight_decay < 0 or self.clip_norm < 0 or self.max_bad_steps < 0:
+            raise ParamsError(f"{key}: weight_decay, clip_norm and max_bad_steps must be >= 0")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
+            raise ParamsError(f"{key}.beta1/beta2/eps: need betas in [0, 1) and eps > 0")
+
+
+@dataclass
+class TrainConfig(OptimizerConfig):
     """One run of the trainer (lib/trainer.py). Its length is a budget: tokens, minutes, whichever first."""
 
     seq_len: int = 128
@@ -286,29 +304,22 @@ class TrainConfig:
     cut_frac: float = 0.1
     stlr_ratio: float = 32.0
     lr_decay: float = 1.0  # discriminative LRs: each layer group's LR is the one above it / lr_decay
-    weight_decay: float = 0.01
     decay_embeddings: bool = True  # weight decay on embedding matrices too (never on biases and norms)
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-6
-    clip_norm: float = 1.0  # 0 = no clipping
     budget_tokens: int = 5_000_000  # training tokens; also the length of the LR schedule
     budget_minutes: float | None = None  # stop earlier when this much wall-clock time has passed
     eval_every: int = 100  # steps between validations
     eval_batches: int = 8  # the fixed validation set: this many batches of windows of the validation split
     log_every: int = 10
     checkpoint_every: int = 100  # steps between (atomic) checkpoints
-    max_bad_steps: int = 3  # non-finite losses in a row that are skipped before the run stops
 
     def validate(self, key: str) -> None:
+        self.check_optimizer(key)
         at_least_one(self, key, "seq_len", "batch_size", "grad_accum", "budget_tokens", "eval_every",
                      "eval_batches", "log_every", "checkpoint_every")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ParamsError(f"{key}.lr/min_lr_ratio: need lr > 0 and 0 <= min_lr_ratio <= 1")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.clip_norm < 0 or self.max_bad_steps < 0:
-            raise ParamsError(f"{key}: warmup_steps, weight_decay, clip_norm and max_bad_steps must be >= 0")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.eps > 0):
-            raise ParamsError(f"{key}.beta1/beta2/eps: need betas in [0, 1) and eps > 0")
+        if self.warmup_steps < 0:
+            raise ParamsError(f"{key}.warmup_steps: {self.warmup_steps} must be >= 0")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ParamsError(f"{key}.budget_minutes: {self.budget_minutes} must be > 0 (or null for none)")
         check_ulmfit_lr(self, key)
@@ -340,7 +351,7 @@ FINETUNE_SELECTION_KEYS = ("tasks", "variants", "seeds", "max_train_examples", "
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(OptimizerConfig):
     """ULMFiT step 3 and its baselines, per task x variant x seed."""
 
     tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # names in `tasks`
@@ -369,8 +380,6 @@ class FinetuneConfig:
     warmup_frac: float = 0.1  # plain, from_scratch: linear warmup, then linear decay to 0
     # frozen: inverse L2 strengths of the logistic-regression probe, the best picked on dev
     probe_c: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
     head_hidden: int = 128  # ULMFiT classifier block: concat pool -> norm, dropout, linear, ReLU, norm, dropout, linear
     head_dropout: float = 0.1
     aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
@@ -394,6 +403,7 @@ class FinetuneConfig:
         return dataclasses.replace(self, **self.with_init)
 
     def check(self, key: str) -> None:
+        self.check_optimizer(key)
         at_least_one(self, key, "seeds", "epochs", "batch_size", "dev_max", "head_hidden", "patience")
         for name in ("tasks", "variants"):
             values = getattr(self, name)
@@ -411,8 +421,8 @@ class FinetuneConfig:
             raise ParamsError(f"{key}: lr, plain_lr and scratch_lr must be > 0 and warmup_frac in [0, 1)")
         if not self.probe_c or min(self.probe_c) <= 0:
             raise ParamsError(f"{key}.probe_c: {self.probe_c} must be a non-empty list of positive numbers")
-        if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0 or self.weight_decay < 0:
-            raise ParamsError(f"{key}: need 0 <= head_dropout < 1, aux_lm_weight >= 0, weight_decay >= 0")
+        if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0:
+            raise ParamsError(f"{key}: need 0 <= head_dropout < 1 and aux_lm_weight >= 0")
         check_ulmfit_lr(self, key)
 
     def train_limit(self, task: str) -> int | None:
@@ -423,7 +433,7 @@ class FinetuneConfig:
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(OptimizerConfig):
     """A smaller student per task, trained on the finetuned teacher's outputs (DistilBERT, Patient-KD)."""
 
     tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # each must be in finetune.tasks
@@ -444,11 +454,10 @@ class DistillConfig:
     batch_size: int = 32
     lr: float = 5e-4
     warmup_frac: float = 0.1
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
     patience: int = 2
 
     def validate(self, key: str) -> None:
+        self.check_optimizer(key)
         at_least_one(self, key, "layers", "epochs", "batch_size", "patience")
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
             raise ParamsError(f"{key}.tasks: {self.tasks} must be a non-empty list without repeats")

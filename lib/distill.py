@@ -31,26 +31,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import safetensors.torch
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lib import distributed, runtime
-from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.classifier import Classifier
 from lib.config import DistillConfig, ImplConfig
 from lib.distributed import Context
 from lib.efficiency import parameter_count
 from lib.errors import UserError
 from lib.finetune import predict_all, run_name, scored
-from lib.io import atomic_file
+from lib.fit import EpochLoop, adamw, warmup_decay
 from lib.model import Transformer
 from lib.progress import Progress
 from lib.tasks import UNLABELED, Example, TaskData, batch_indices, collate
-from lib.trainer import discriminative_groups, warmup_decay
-
-BEST_WEIGHTS = "best.safetensors"
 
 
 @dataclass
@@ -234,55 +229,33 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     teacher_seconds = round(time.perf_counter() - started, 1)
 
     synced = distributed.wrap(distiller.to(device), context, device, impl.strategy, parts=[student])
-    optimizer = torch.optim.AdamW(discriminative_groups(distiller, [], cfg.lr, 1.0, cfg.weight_decay),
-                                  betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+    optimizer = adamw(distiller, cfg, device, cfg.lr)
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
-    checkpoint, best_path = checkpoint_dir / "epochs", checkpoint_dir / BEST_WEIGHTS
-    state = load_checkpoint(checkpoint, distiller, optimizer, scheduler, fingerprint, context.rank)
-    if state is None or not best_path.is_file():
-        state = {"fingerprint": fingerprint, "epoch": 0, "best_score": -math.inf, "best_epoch": 0, "bad_epochs": 0,
-                 "history": [], "seconds": 0.0}
-    elif context.main:
-        print(f"{task.name}: resuming the student after epoch {state['epoch']}", flush=True)
+    loop = EpochLoop(distiller, student, optimizer, scheduler, cfg, epochs=cfg.epochs, patience=cfg.patience,
+                     metric=metrics[0], checkpoint_dir=checkpoint_dir, fingerprint=fingerprint, where=label,
+                     context=context)
     # the batches of the epochs left; the ETA assumes patience does not end the run sooner
-    progress = Progress(label, steps_per_epoch * (cfg.epochs - state["epoch"]), "batches",
+    progress = Progress(label, steps_per_epoch * (cfg.epochs - loop.state.epoch), "batches",
                         out=lambda line: distributed.say(context, line))
 
-    while state["epoch"] < cfg.epochs and state["bad_epochs"] < cfg.patience:
-        epoch_started = time.perf_counter()
-        epoch = state["epoch"] + 1
-        losses = train_epoch(synced, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id,
-                             optimizer, scheduler, seed * 1000 + epoch, context,
-                             lambda: progress.tick(progress.done + 1, f"  epoch {epoch} of {cfg.epochs}"))
-        dev = scored(iter(predict_all(student, task.dev, cfg.batch_size * 2, pad_id, device, impl, context)), metrics,
-                     n_classes, False)
-        row = {"epoch": epoch, **losses, "lr": scheduler.get_last_lr()[-1], **{f"dev_{m}": v for m, v in dev.items()}}
-        state["history"].append(row)
-        if dev[metrics[0]] > state["best_score"]:
-            state.update(best_score=dev[metrics[0]], best_epoch=epoch, bad_epochs=0)
-            best_weights, _ = distributed.full_state(student, None, context)
-            if context.main:
-                with atomic_file(best_path, "wb") as f:
-                    f.write(safetensors.torch.save(best_weights))
-        else:
-            state["bad_epochs"] += 1
-        state["epoch"] = epoch
-        state["seconds"] += time.perf_counter() - epoch_started
-        rng = distributed.gather(context, rng_state())  # every rank's, for an exact resume
-        weights, optimizer_state = distributed.full_state(distiller, optimizer, context)
-        if context.main:
-            save_checkpoint(checkpoint, weights, optimizer_state, scheduler, state, rng)
-        distributed.barrier(context)  # the best weights are on disk before any rank reads them
-        on_epoch(row)
+    def epoch_of_training(epoch: int) -> dict[str, float]:
+        return train_epoch(synced, transfer, cache, hidden_pairs, summary_pairs, cfg, impl, device, pad_id, loop,
+                           seed * 1000 + epoch, context,
+                           lambda: progress.tick(progress.done + 1, f"  epoch {epoch} of {cfg.epochs}"))
+
+    def dev_scores() -> dict[str, float]:
+        return scored(iter(predict_all(student, task.dev, cfg.batch_size * 2, pad_id, device, impl, context)),
+                      metrics, n_classes, False)
+
+    state = loop.run(epoch_of_training, dev_scores, on_epoch)
 
     scoring_started = time.perf_counter()
-    distributed.load_full_state(student, None, safetensors.torch.load_file(str(best_path)))
     student_scores, confusion = evaluate(student, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)
     result = DistillResult(
-        task.name, teacher_scores, student_scores, confusion, state["best_epoch"], state["history"],
-        round(state["seconds"] + time.perf_counter() - scoring_started, 1), teacher_seconds,
+        task.name, teacher_scores, student_scores, confusion, state.best_epoch, state.history,
+        round(state.seconds + time.perf_counter() - scoring_started, 1), teacher_seconds,
         {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map, parameter_count(student),
         teacher_params)
     return result, distributed.to_cpu(student.eval(), context)
@@ -306,11 +279,10 @@ def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: 
 
 def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutputs,
                 hidden_pairs: list[tuple[int, int]], summary_pairs: list[tuple[int, int]], cfg: DistillConfig,
-                impl: ImplConfig, device: torch.device, pad_id: int, optimizer: torch.optim.Optimizer,
-                scheduler: Any, seed: int, context: Context = Context(),
-                on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """One pass over the transfer set, calling on_batch after each batch; returns the mean of each loss
-    term (and the total) per example.
+                impl: ImplConfig, device: torch.device, pad_id: int, loop: EpochLoop, seed: int,
+                context: Context = Context(), on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """One pass over the transfer set, each batch's optimizer step by `loop`, calling on_batch after
+    each batch; returns the mean of each loss term (and the total) per example.
     `synced` is the Distiller, wrapped under torchrun (DDP or FSDP): then each rank takes its share of every
     batch and weighs each term by its share of the batch's examples, labeled examples or tokens, so
     that DDP's mean over ranks is the whole batch's loss."""
@@ -345,11 +317,7 @@ def train_epoch(synced: nn.Module, transfer: list[Example], cache: TeacherOutput
         weights = {"soft": cfg.soft_weight, "hard": cfg.hard_weight, "hidden": cfg.hidden_weight, "pkd": cfg.pkd_weight}
         loss = sum(weights[name] * term for name, term in terms.items())
         loss.backward()
-        if cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(synced.parameters(), cfg.clip_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        loop.step(distributed.total(context, loss.item() / context.world, device))  # the batch's loss
         for name, value in {**terms, "loss": loss}.items():  # each rank's part of the batch's mean
             sums[name] = sums.get(name, 0.0) + value.item() / context.world * n
         on_batch()

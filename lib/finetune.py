@@ -16,8 +16,9 @@ Variants, so that each trick's value shows next to its baseline:
   alone hold.
 
 Every full variant keeps the weights of its best epoch on the dev set (the task's first metric) and
-stops after `patience` epochs without improvement; the probe is fit in one pass, its regularisation
-picked on the dev set. The kept weights are scored on the evaluation split.
+stops after `patience` epochs without improvement (lib.fit.EpochLoop, which checkpoints every epoch,
+so a killed run resumes after its last finished one); the probe is fit in one pass, its
+regularisation picked on the dev set. The kept weights are scored on the evaluation split.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -40,7 +42,7 @@ from lib.metrics import compute_metrics, confusion_matrix
 from lib.model import Transformer
 from lib.progress import Progress
 from lib.tasks import Example, TaskData, batch_indices, collate
-from lib.trainer import discriminative_groups, slanted_triangular, warmup_decay
+from lib.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
 
 
 @dataclass
@@ -101,64 +103,70 @@ def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfi
 
 
 def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig,
-                impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
+                impl: ImplConfig, device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
                 on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
                 context: Context = Context()) -> tuple[RunResult, Classifier]:
     """Train `variant` on task.train, pick the best epoch on task.dev, score it on task.eval.
-    Returns the result and the classifier with its best weights (on the CPU). Under torchrun every
-    rank calls it: the full variants train data-parallel, each rank its share of every batch; for the
-    frozen variant the ranks share the feature extraction and each fits the same probe. With
-    impl.strategy fsdp the model is sharded over the ranks and the returned one is whole on rank 0
-    only."""
+    Returns the result and the classifier with its best weights (on the CPU). A full variant keeps
+    its epochs' checkpoints in checkpoint_dir and, started again with the same fingerprint, resumes
+    after its last finished epoch. Under torchrun every rank calls it: the full variants train
+    data-parallel, each rank its share of every batch; for the frozen variant the ranks share the
+    feature extraction and each fits the same probe. With impl.strategy fsdp the model is sharded
+    over the ranks and the returned one is whole on rank 0 only."""
     torch.manual_seed(seed)
-    started = time.perf_counter()  # the probe's feature extraction counts too
     label = f"finetune: {run_name(task.name, variant, seed)}"
     if variant == "frozen":
-        probe = HeadConfig(len(task.label_names), "concat", block=False, dropout=0.0)
-        model = Classifier(copy.deepcopy(adapted), probe).to(device)
-        trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
-        epochs = 1
-    else:
-        plan = setup(variant, adapted, len(task.label_names), cfg)
-        model = plan.model.to(device)
-        trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, context, label)
-        epochs = plan.epochs
-    best_score, best_state, best_epoch, bad_epochs = -math.inf, None, 0, 0
-    curve, history = [], []
-    for epoch in range(1, epochs + 1):
-        train_loss = trainer.train_epoch(epoch)
-        dev = trainer.score("dev", metrics)
-        row = {"epoch": epoch, "train_loss": train_loss, **trainer.settings(),
-               **{f"dev_{k}": v for k, v in dev.items()}}
-        history.append(row)
-        on_epoch(row)
-        curve.append(dev[metrics[0]])
-        if dev[metrics[0]] > best_score:
-            best_score, best_epoch, bad_epochs = dev[metrics[0]], epoch, 0
-            best_state = distributed.snapshot(model)
-        else:
-            bad_epochs += 1
-            if bad_epochs >= cfg.patience:
-                break
-    model.load_state_dict(best_state)
-    dev = trainer.score("dev", metrics)
-    evaluated, confusion = None, None
-    if task.eval is not None:
-        evaluated, confusion = trainer.score("eval", metrics, with_confusion=True)
-    result = RunResult(task.name, variant, seed, curve, best_epoch, dev, evaluated, trainer.steps,
-                       round(time.perf_counter() - started, 1), confusion, history)
-    if isinstance(trainer, ProbeTrainer):
-        trainer.fold_standardisation()
+        return run_probe(task, metrics, adapted, cfg, impl, device, seed, pad_id, on_epoch, context, label)
+    plan = setup(variant, adapted, len(task.label_names), cfg)
+    model = plan.model.to(device)
+    trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, checkpoint_dir, fingerprint, metrics[0],
+                          context, label)
+    state = trainer.loop.run(trainer.train_epoch, lambda: trainer.score("dev", metrics), on_epoch)
+    scoring_started = time.perf_counter()
+    dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
+    curve = [row[f"dev_{metrics[0]}"] for row in state.history]
+    result = RunResult(task.name, variant, seed, curve, state.best_epoch, dev, evaluated, state.steps,
+                       round(state.seconds + time.perf_counter() - scoring_started, 1), confusion, state.history)
     return result, distributed.to_cpu(model, context)
 
 
+def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
+              device: torch.device, seed: int, pad_id: int, on_epoch: Callable[[dict[str, float]], None],
+              context: Context, label: str) -> tuple[RunResult, Classifier]:
+    """The frozen variant: one exact fit of the probe (ProbeTrainer), reported as its one epoch."""
+    started = time.perf_counter()  # the feature extraction counts too
+    probe = HeadConfig(len(task.label_names), "concat", block=False, dropout=0.0)
+    model = Classifier(copy.deepcopy(adapted), probe).to(device)
+    trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
+    train_loss = trainer.fit()
+    dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
+    row = {"epoch": 1, "train_loss": train_loss, "probe_c": trainer.c, **{f"dev_{k}": v for k, v in dev.items()}}
+    on_epoch(row)
+    trainer.fold_standardisation()
+    result = RunResult(task.name, "frozen", seed, [dev[metrics[0]]], 1, dev, evaluated, trainer.steps,
+                       round(time.perf_counter() - started, 1), confusion, [row])
+    return result, distributed.to_cpu(model, context)
+
+
+def final_scores(score: Callable[..., Any], task: TaskData,
+                 metrics: list[str]) -> tuple[dict[str, float], dict[str, float] | None, list[list[int]] | None]:
+    """(dev metrics, evaluation split metrics, its confusion matrix) of a trainer's `score`; None, None
+    for a task without a labeled evaluation split."""
+    dev = score("dev", metrics)
+    if task.eval is None:
+        return dev, None, None
+    evaluated, confusion = score("eval", metrics, with_confusion=True)
+    return dev, evaluated, confusion
+
+
 class FullTrainer:
-    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids; progress
-    lines (`label`) count the batches of every epoch, so their ETA is that of the whole run if
-    patience does not end it sooner."""
+    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids, in an
+    EpochLoop over checkpoint_dir; progress lines (`label`) count the batches of every epoch, so
+    their ETA is that of the whole run if patience does not end it sooner."""
 
     def __init__(self, model: Classifier, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
-                 device: torch.device, pad_id: int, seed: int, context: Context = Context(), label: str = "finetune"):
+                 device: torch.device, pad_id: int, seed: int, checkpoint_dir: Path, fingerprint: str, metric: str,
+                 context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
         self.precision = runtime.resolve_precision(impl.precision, device)
@@ -168,30 +176,28 @@ class FullTrainer:
         self.synced = distributed.wrap(model, context, device, impl.strategy)
         self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
         self.groups = model.layer_groups(with_lm_head=self.aux)
-        self.optimizer = torch.optim.AdamW(
-            discriminative_groups(model, self.groups, plan.lr, plan.lr_decay, cfg.weight_decay),
-            betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+        optimizer = adamw(model, cfg, device, plan.lr, plan.lr_decay, self.groups)
         self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
         total = self.steps_per_epoch * plan.epochs
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, plan.schedule(total, self.steps_per_epoch))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, plan.schedule(total, self.steps_per_epoch))
+        self.loop = EpochLoop(model, model, optimizer, scheduler, cfg, epochs=plan.epochs, patience=cfg.patience,
+                              metric=metric, checkpoint_dir=checkpoint_dir, fingerprint=fingerprint, where=label,
+                              context=context)
         self.unfreeze_every = (cfg.unfreeze_every or self.steps_per_epoch) if plan.unfreeze else 0
-        self.steps = 0
         self.epochs = plan.epochs
         self.progress = Progress(label, total, "batches", out=lambda line: distributed.say(context, line))
+        self.progress.start(self.loop.state.steps, self.loop.state.seconds)
         self._set_trainable()
-
-    def settings(self) -> dict[str, float]:
-        return {"lr": self.scheduler.get_last_lr()[-1]}  # the top group's
 
     def _set_trainable(self) -> None:
         """Gradual unfreezing: groups from the top, one more every unfreeze_every steps."""
         n = len(self.groups)
-        thawed = n if not self.unfreeze_every else min(n, 1 + self.steps // self.unfreeze_every)
+        thawed = n if not self.unfreeze_every else min(n, 1 + self.loop.state.steps // self.unfreeze_every)
         for i, group in enumerate(self.groups):
             for p in group:
                 p.requires_grad_(i >= n - thawed)
 
-    def train_epoch(self, epoch: int) -> float:
+    def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
         total, train = 0.0, self.task.train
         for group in batch_indices(train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
@@ -208,17 +214,13 @@ class FullTrainer:
                     lm = lm_loss(self.model.backbone, hidden, batch.input_ids, batch.attention_mask)
                     loss = loss + self.cfg.aux_lm_weight * lm * distributed.part_weight(*targets, scale)
             loss.backward()
-            if self.cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.steps += 1
+            batch_loss = distributed.total(self.context, loss.item() / self.context.world, self.device)  # the batch's
+            self.loop.step(batch_loss)
             if self.unfreeze_every:
                 self._set_trainable()
-            total += loss.item() / self.context.world * len(group)  # summed over the ranks: the batch's
-            self.progress.tick(self.steps, f"  epoch {epoch} of {self.epochs}")
-        return distributed.total(self.context, total, self.device) / max(len(train), 1)
+            total += batch_loss * len(group)
+            self.progress.tick(self.loop.state.steps, f"  epoch {epoch} of {self.epochs}")
+        return {"train_loss": total / max(len(train), 1)}
 
     def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
         """Metrics of the model on task.dev ("dev") or task.eval ("eval"); under torchrun each rank
@@ -258,9 +260,6 @@ class ProbeTrainer:
         self.features = {name: ((x - self.mean) / self.std, y) for name, (x, y) in raw.items()}
         self.steps, self.c = 0, None  # L-BFGS iterations over every fit; the C kept
 
-    def settings(self) -> dict[str, float]:
-        return {"probe_c": self.c}
-
     @torch.no_grad()
     def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and labels of `examples` in `batches` order; under torchrun each rank encodes every
@@ -277,7 +276,7 @@ class ProbeTrainer:
         feats, labels = zip(*distributed.spread(self.context, batch_indices(examples, self.cfg.batch_size * 2), encode))
         return torch.cat(feats).to(self.device), torch.cat(labels).to(self.device)
 
-    def train_epoch(self, epoch: int) -> float:
+    def fit(self) -> float:
         """Fits a probe for each C in probe_c and keeps the best on dev; returns its mean train loss.
         Every rank fits the same probes on the same gathered features."""
         x, y = (t.cpu().numpy() for t in self.features["train"])

@@ -27,7 +27,7 @@ from lib.objectives import Objective, build_objective, fitting_objective, save_o
 from lib.packed import PackedTokens
 from lib.progress import Progress
 from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
-from lib.trainer import Trainer, planned_tokens, resolve_device
+from lib.trainer import Trainer, planned_tokens
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
 CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val": ["step", "tokens", "val_loss"]}
@@ -50,7 +50,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     `run` is the stage's tracking.StageRun. With measure_before, the validation metrics of the
     weights as loaded are reported too, as `before_val_*`. Under torchrun every rank trains its share
     of each batch and rank 0 alone writes."""
-    device = resolve_device(params.device)
+    device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     facts = runtime.configure(params.impl, device)

@@ -34,7 +34,6 @@ from lib.classifier import META_FILE, Classifier, load_classifier
 from lib.errors import UserError
 from lib.tasks import Example, collate, encode
 from lib.tokenizer import TOKENIZER_FILE, saved_special_ids
-from lib.trainer import resolve_device
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +76,7 @@ class TextClassifier:
         if not (model_dir / META_FILE).is_file():
             raise UserError(f"{model_dir}: not a classifier folder (no {META_FILE}); point at a folder written "
                             "by the finetune stage, e.g. models/finetune/<task>")
-        torch_device = resolve_device(device)
+        torch_device = runtime.resolve_device(device)
         resolved = runtime.resolve_precision(precision, torch_device, key="precision")
         model, info = load_classifier(model_dir, torch_device)
         try:

@@ -89,6 +89,12 @@ class Probe:
         return f"{self.outcome}, {self.bf16_gflops:.0f} vs {self.fp32_gflops:.0f} GFLOP/s"
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: cuda, but no CUDA GPU is visible to torch; set device: auto or cpu")
+    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
 def resolve_precision(precision: str, device: torch.device, key: str = "impl.precision") -> Precision:
     """The precision to run: "bf16" (bf16 autocast) or "fp32". CUDA runs bf16 unless fp32 is asked
     for. On CPU, auto is bf16 only where the probe found it faster; an explicit bf16 runs as asked,

@@ -1,4 +1,4 @@
-"""The one training loop, for every stage that trains (pretrain now; adapt, finetune, distill next).
+"""The token-budgeted training loop of pretrain and adapt (its optimizer and step: lib/fit.py).
 
 It knows nothing of models or objectives: it trains any module whose forward(tokens, word_starts)
 returns (loss, metrics), reads batches by step number, and reports through callbacks. A run's
@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches
 from lib.distributed import Context
-from lib.errors import UserError
+from lib.fit import Stepper, adamw, slanted_triangular, warmup_decay
 from lib.progress import Progress
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -34,67 +34,6 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e1
 class Callback(Protocol):
     def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
     def on_eval(self, step: int, metrics: dict[str, float]) -> None: ...
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("device: cuda, but no CUDA GPU is visible to torch; set device: auto or cpu")
-    return torch.device("cuda" if name in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
-
-
-def param_groups(module: nn.Module, cfg: TrainConfig,
-                 layer_groups: list[list[nn.Parameter]] | None = None) -> list[dict[str, Any]]:
-    """AdamW groups of `module` for a TrainConfig; see discriminative_groups."""
-    return discriminative_groups(module, layer_groups or [], cfg.lr, cfg.lr_decay, cfg.weight_decay,
-                                 cfg.decay_embeddings)
-
-
-def discriminative_groups(module: nn.Module, layer_groups: list[list[nn.Parameter]], lr: float, lr_decay: float,
-                          weight_decay: float, decay_embeddings: bool = True) -> list[dict[str, Any]]:
-    """Two optimizer groups per layer group, bottom to top: weight decay on matrices (embeddings as
-    configured), never on biases and norm weights. ULMFiT's discriminative LRs: the top layer group
-    trains at `lr`, each one below at the LR above it / lr_decay. Parameters of `module` in no layer
-    group join the top one (an objective's generator, a classifier head). Frozen parameters are
-    included, so that unfreezing later needs no new optimizer; while frozen they have no gradient,
-    which AdamW skips. Each group carries "layer": its layer group's index."""
-    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    grouped = {id(p) for group in layer_groups for p in group}
-    rest = [p for p in module.parameters() if id(p) not in grouped]
-    layers = [*layer_groups[:-1], [*layer_groups[-1], *rest]] if layer_groups else [rest]
-    groups = []
-    for i, params in enumerate(layers):
-        layer_lr = lr / lr_decay ** (len(layers) - 1 - i)
-        decay = [p for p in params if p.ndim >= 2 and (decay_embeddings or id(p) not in embeddings)]
-        no_decay = [p for p in params if not (p.ndim >= 2 and (decay_embeddings or id(p) not in embeddings))]
-        groups += [{"params": decay, "weight_decay": weight_decay, "lr": layer_lr, "layer": i},
-                   {"params": no_decay, "weight_decay": 0.0, "lr": layer_lr, "layer": i}]
-    return groups
-
-
-def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Callable[[int], float]:
-    """ULMFiT's STLR (Howard & Ruder 2018, eq. 3) as a multiplier of the peak LR: from 1/ratio up to 1
-    over the first cut_frac of the steps, then linearly back down to 1/ratio at total_steps."""
-    cut = max(1, math.floor(total_steps * cut_frac))
-
-    def multiplier(step: int) -> float:
-        if step < cut:
-            p = step / cut
-        else:
-            p = max(0.0, 1 - (step - cut) / max(1, total_steps - cut))
-        return (1 + p * (ratio - 1)) / ratio
-    return multiplier
-
-
-def warmup_decay(total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
-                 shape: str = "linear") -> Callable[[int], float]:
-    """Linear warmup from 1/warmup_steps to 1, then linear or cosine decay to min_ratio at total_steps."""
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        decayed = 1 - progress if shape == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return min_ratio + (1 - min_ratio) * decayed
-    return multiplier
 
 
 def step_tokens(cfg: TrainConfig) -> int:
@@ -146,9 +85,10 @@ class Trainer:
         self.synced = distributed.wrap(module, context, device, impl.strategy)
         by_name = dict(module.named_parameters())  # sharding replaced the parameters: find them again
         layer_groups = [[by_name[name] for name in group] for group in group_names]
-        self.optimizer = torch.optim.AdamW(param_groups(module, cfg, layer_groups), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                           eps=cfg.eps, fused=device.type == "cuda")
+        self.optimizer = adamw(module, cfg, device, cfg.lr, cfg.lr_decay, layer_groups, cfg.decay_embeddings)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
+        self.stepper = Stepper(module, self.optimizer, self.scheduler, cfg, "training",
+                               f" (the last good checkpoint in {checkpoint_dir} is kept)")
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")
         self.forward = torch.compile(self.synced) if compile_it else self.synced
         peak = next((v for k, v in PEAK_BF16_FLOPS.items() if device.type == "cuda"
@@ -163,6 +103,7 @@ class Trainer:
                                 self.fingerprint, self.context.rank)
         if saved is not None:
             self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
+            self.stepper.bad_steps = self.state.bad_steps
             distributed.say(self.context, f"resuming from step {self.state.step} ({self.state.tokens} tokens)")
         if self.progress is not None:
             self.progress.start(self.state.tokens, self.state.seconds)
@@ -204,29 +145,15 @@ class Trainer:
             for k, v in metrics.items():
                 totals[k] += v.detach().float() / self.cfg.grad_accum
         values = distributed.mean(self.context, {k: float(v) for k, v in totals.items()}, self.device)
-        loss_value = values["loss"]
-        if not math.isfinite(loss_value):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.bad_steps += 1
-            if self.state.bad_steps > self.cfg.max_bad_steps:
-                raise UserError(f"training: loss is {loss_value} at step {self.state.step + 1}, "
-                                f"{self.state.bad_steps} bad steps in a row; lower the lr or check the data "
-                                f"(the last good checkpoint in {self.checkpoint_dir} is kept)")
-            self.state.step += 1  # the batch is skipped, not retried: a retry would see the same batch
-            self.scheduler.step()
-            return None, {}
-        self.state.bad_steps = 0
-        if self.cfg.clip_norm > 0:
-            totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        taken = self.stepper.step(values["loss"], self.state.step + 1)
         self.state.step += 1
+        if not taken:
+            return None, {}
         self.state.tokens += self.step_tokens
-        if "grad_norm" in totals:  # the same on every rank: gradients are synced (and sharded under FSDP)
-            norm = totals["grad_norm"]
+        norm = self.stepper.grad_norm
+        if self.cfg.clip_norm > 0:  # the same on every rank: gradients are synced (and sharded under FSDP)
             values["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        return loss_value, values
+        return values["loss"], values
 
     def _log(self, window: dict[str, float]) -> None:
         steps, seconds = window.pop("steps"), window.pop("seconds")
@@ -277,6 +204,7 @@ class Trainer:
     def _checkpoint(self) -> None:
         rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
         weights, optimizer_state = distributed.full_state(self.module, self.optimizer, self.context)
+        self.state.bad_steps = self.stepper.bad_steps
         if self.context.main:
             state = {**self.state.__dict__, "fingerprint": self.fingerprint}
             save_checkpoint(self.checkpoint_dir, weights, optimizer_state, self.scheduler, state, rng)

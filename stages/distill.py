@@ -27,7 +27,6 @@ from lib.raw import localize
 from lib.model import MODEL_FILE
 from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
 from lib.tokenizer import load_tokenizer, saved_special_ids
-from lib.trainer import resolve_device
 
 STUDENT, RESULT = "student", "result.json"
 
@@ -50,7 +49,7 @@ def main() -> None:
     local = localize(params, args.raw).tasks
     tasks = {name: local[name] for name in cfg.tasks}
     keyed_on = stage_params(params, "distill")
-    device = resolve_device(params.device)
+    device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     runtime_facts = runtime.configure(params.impl, device)

@@ -44,7 +44,6 @@ from lib.predict import TextClassifier, log_pyfunc
 from lib.report import write_report
 from lib.tasks import read_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
-from lib.trainer import resolve_device
 
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
@@ -66,7 +65,7 @@ def main() -> None:
     check_writable(args.metrics, args.plots, args.report)
     params = load_params(args.params)
     # scored and timed at deployment precision (auto), whatever precision training ran in
-    runtime_facts = runtime.configure(replace(params.impl, precision="auto"), resolve_device(params.device))
+    runtime_facts = runtime.configure(replace(params.impl, precision="auto"), runtime.resolve_device(params.device))
     finetuned = read_json(args.finetune_metrics)
     distilled = read_json(args.distill_metrics)
     lm_metrics = {"pretrain": read_json(args.pretrain_metrics), "adapt": read_json(args.adapt_metrics)}

@@ -7,7 +7,8 @@ For every task in finetune.tasks it loads the labeled data (lib/tasks.py), train
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
 - an MLflow child run per task x variant x seed under this stage's run.
-A finished run is kept in --checkpoints, so a killed stage started again skips what it had done.
+A finished run is kept in --checkpoints, so a killed stage started again skips what it had done, and
+a run in progress resumes after its last finished epoch.
 """
 import argparse
 import json
@@ -27,7 +28,6 @@ from lib.model import MODEL_FILE, load_model
 from lib.progress import Progress, RunTimes, duration
 from lib.tasks import load_task
 from lib.tokenizer import load_tokenizer, saved_special_ids
-from lib.trainer import resolve_device
 
 BEST = "best"
 
@@ -51,7 +51,7 @@ def main() -> None:
     tasks = {name: local[name] for name in cfg.tasks}
     keyed_on = stage_params(params, "finetune")
 
-    device = resolve_device(params.device)
+    device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     runtime_facts = runtime.configure(params.impl, device)
@@ -105,7 +105,7 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
     else trained now. The task's best classifier so far (by dev score) is kept there too. Under
     torchrun every rank trains it; rank 0 alone writes."""
     task_dir = args.checkpoints / name
-    saved = task_dir / f"{variant}-seed{seed}.json"
+    saved, epochs = task_dir / f"{variant}-seed{seed}.json", task_dir / f"{variant}-seed{seed}"
     if saved.is_file():
         record = json.loads(saved.read_text(encoding="utf-8"))
         if record["fingerprint"] == run_id:
@@ -122,7 +122,7 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
 
     try:
         result, model = run_variant(variant, task, metric_names, adapted, params.finetune, params.impl, device, seed,
-                                    pad_id, on_epoch, context)
+                                    pad_id, epochs, run_id, on_epoch, context)
     except BaseException:
         child.finish("FAILED")
         raise
@@ -145,6 +145,7 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
         print(f"{name}: {task_dir / BEST} as {save_classifier(model, task_dir / BEST, args.model, meta)}", flush=True)
         write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
     write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
+    shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again
     return result
 
 

@@ -87,11 +87,11 @@ def test_teacher_outputs_match_the_teacher_and_keep_real_tokens_only():
 
 
 @pytest.fixture(scope="module")
-def trained():
+def trained(tmp_path_factory):
     task = toy_task()
     cfg = dataclasses.replace(CFG, epochs=6, patience=6)
     _, teacher = run_variant("from_scratch", task, ["accuracy"], backbone(n_layers=4), cfg, IMPL,
-                             torch.device("cpu"), 0, PAD)
+                             torch.device("cpu"), 0, PAD, tmp_path_factory.mktemp("teacher"), "fp")
     return task, teacher
 
 

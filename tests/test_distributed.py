@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,8 @@ def finetune(context: distributed.Context, variant: str, strategy: str, aux: boo
     cfg = dataclasses.replace(test_finetune.CFG, aux_lm_weight=0.5 if aux else 0.0)
     result, model = run_variant(variant, test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(causal=aux),
                                 cfg, dataclasses.replace(test_finetune.IMPL, strategy=strategy),
-                                torch.device("cpu"), seed=1, pad_id=test_finetune.PAD, context=context)
+                                torch.device("cpu"), 1, test_finetune.PAD, Path(out).with_suffix(".epochs"), "fp",
+                                context=context)
     if context.main:
         with open(out, "w") as f:
             json.dump({"history": result.history, "eval": result.eval, "steps": result.steps}, f)
@@ -203,7 +205,8 @@ def toy_teacher() -> torch.nn.Module:
     """A classifier trained on the toy task by one process, the same in every process: trained once per
     process, each distillation gets a copy (sharding changes the module it is given)."""
     _, teacher = run_variant("from_scratch", test_finetune.toy_task(), ["accuracy"], test_finetune.backbone(n_layers=4),
-                             test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD)
+                             test_finetune.CFG, test_finetune.IMPL, torch.device("cpu"), 0, test_finetune.PAD,
+                             Path(tempfile.mkdtemp()), "fp")
     return teacher
 
 

@@ -74,13 +74,13 @@ def test_layer_groups_put_the_head_on_top_and_leave_the_lm_head_out():
     assert {id(p) for p in model.backbone.head.dense.parameters()} <= {id(p) for p in with_lm[-1]}
 
 
-def test_ulmfit_lrs_and_gradual_unfreezing():
+def test_ulmfit_lrs_and_gradual_unfreezing(tmp_path):
     task = toy_task()
     cfg = dataclasses.replace(CFG, unfreeze_every=2, lr_decay=2.6)
     plan = setup("ulmfit", backbone(), 2, cfg)
-    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
     group_lr = {}
-    for group in trainer.optimizer.param_groups:
+    for group in trainer.loop.optimizer.param_groups:
         group_lr[group["layer"]] = group["initial_lr"]
     assert [group_lr[i] for i in range(4)] == pytest.approx([cfg.lr / 2.6 ** 3, cfg.lr / 2.6 ** 2, cfg.lr / 2.6, cfg.lr])
 
@@ -93,18 +93,18 @@ def test_ulmfit_lrs_and_gradual_unfreezing():
     for expected in ([False, False, False, True], [False, False, True, True], [False, True, True, True],
                      [True, True, True, True]):
         assert trainable() == expected
-        batches_seen.append(trainer.steps)
+        batches_seen.append(trainer.loop.state.steps)
         for _ in range(2):  # unfreeze_every steps
-            trainer.steps += 1
+            trainer.loop.state.steps += 1
             trainer._set_trainable()
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.groups[0]))  # nothing trained yet here
 
 
-def test_ulmfit_ablation_switches():
+def test_ulmfit_ablation_switches(tmp_path):
     task = toy_task()
     cfg = dataclasses.replace(CFG, gradual_unfreezing=False, stlr=False, warmup_frac=0.5)
     plan = setup("ulmfit", backbone(), 2, cfg)
-    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
     assert all(p.requires_grad for g in trainer.groups for p in g)  # every group trains from the first step
     total = trainer.steps_per_epoch * cfg.epochs
     assert plan.schedule(total, 0)(0) == pytest.approx(1 / round(total * 0.5))  # warmup from near 0, not STLR's 1/32
@@ -113,18 +113,19 @@ def test_ulmfit_ablation_switches():
 
 
 @pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen"])
-def test_every_variant_learns_the_toy_task(variant):
+def test_every_variant_learns_the_toy_task(variant, tmp_path):
     result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), CFG, IMPL,
-                                torch.device("cpu"), seed=1, pad_id=PAD)
+                                torch.device("cpu"), 1, PAD, tmp_path, "fp")
     assert result.variant == variant and len(result.dev_curve) >= 1 and 1 <= result.best_epoch <= len(result.dev_curve)
     assert result.eval["accuracy"] > 0.7, result
     assert sum(map(sum, result.confusion)) == 40
     assert result.dev_curve[result.best_epoch - 1] == max(result.dev_curve)
 
 
-def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_probe():
+def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_probe(tmp_path):
     adapted, task = backbone(), toy_task()
-    result, model = run_variant("frozen", task, ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD)
+    result, model = run_variant("frozen", task, ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD,
+                                tmp_path, "fp")
     for (name, p), q in zip(model.backbone.state_dict().items(), adapted.state_dict().values()):
         assert torch.equal(p, q), name
     batch = collate(task.eval, PAD)  # the returned model reads raw features: the standardisation is folded in
@@ -149,18 +150,19 @@ def test_probe_head_predicts_what_the_logistic_regression_predicts(n_classes):
     torch.testing.assert_close(logits[:, :n_classes].softmax(-1), torch.as_tensor(fit.predict_proba(x)).float())
 
 
-def test_frozen_variant_picks_the_regularisation_on_dev():
+def test_frozen_variant_picks_the_regularisation_on_dev(tmp_path):
     task = toy_task()
     result, _ = run_variant("frozen", task, ["accuracy"], backbone(), dataclasses.replace(CFG, probe_c=[1e-4, 1.0]),
-                            IMPL, torch.device("cpu"), 1, PAD)
+                            IMPL, torch.device("cpu"), 1, PAD, tmp_path, "fp")
     assert result.history[0]["probe_c"] == 1.0 and result.best_epoch == 1  # 1e-4 leaves the probe near chance
     assert result.dev["accuracy"] == result.dev_curve[0] > 0.7
 
 
-def test_aux_lm_loss_trains_the_lm_head_of_causal_models():
+def test_aux_lm_loss_trains_the_lm_head_of_causal_models(tmp_path):
     cfg = dataclasses.replace(CFG, aux_lm_weight=0.5, epochs=1)
     plan = setup("plain", backbone(causal=True), 2, cfg)
-    trainer = FullTrainer(plan.model, plan, toy_task(), cfg, IMPL, torch.device("cpu"), PAD, seed=0)
+    trainer = FullTrainer(plan.model, plan, toy_task(), cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp",
+                          "accuracy")
     dense = plan.model.backbone.head.dense.weight.detach().clone()
     trainer.train_epoch(1)
     assert not torch.equal(dense, plan.model.backbone.head.dense.weight)
@@ -169,7 +171,7 @@ def test_aux_lm_loss_trains_the_lm_head_of_causal_models():
 def test_saved_classifier_loads_and_predicts_the_same(tmp_path):
     stub_tokenizer_dir(tmp_path / "tok")
     _, model = run_variant("ulmfit", toy_task(), ["accuracy"], backbone(), dataclasses.replace(CFG, epochs=1), IMPL,
-                           torch.device("cpu"), 1, PAD)
+                           torch.device("cpu"), 1, PAD, tmp_path / "epochs", "fp")
     save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
     loaded, info = load_classifier(tmp_path / "clf")
     assert info["label_names"] == ["no", "yes"] and info["head"]["features"] == "concat"

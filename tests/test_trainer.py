@@ -13,7 +13,8 @@ from lib.errors import UserError
 from lib.packed import PackedTokens, PackedWriter
 from lib.checkpoint import KEEP, checkpoints
 from lib.progress import Progress
-from lib.trainer import Trainer, discriminative_groups, lr_multiplier, param_groups, planned_tokens, slanted_triangular
+from lib.fit import adamw, discriminative_groups, slanted_triangular
+from lib.trainer import Trainer, lr_multiplier, planned_tokens
 
 VOCAB = 40
 
@@ -167,10 +168,12 @@ def test_discriminative_lrs_divide_by_lr_decay_per_group():
 
 def test_no_weight_decay_on_biases_norms_and_optionally_embeddings():
     module = NextToken()
-    decay, no_decay = param_groups(module, TrainConfig(decay_embeddings=False))
-    assert {id(p) for p in decay["params"]} == {id(module.out.weight)}
+    cfg = TrainConfig(weight_decay=0.05, beta1=0.8, beta2=0.9, eps=1e-7)
+    decay, no_decay = adamw(module, cfg, torch.device("cpu"), 1e-3, decay_embeddings=False).param_groups
+    assert {id(p) for p in decay["params"]} == {id(module.out.weight)} and decay["weight_decay"] == 0.05
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 4
-    decay, _ = param_groups(module, TrainConfig(decay_embeddings=True))
+    assert (decay["betas"], decay["eps"]) == ((0.8, 0.9), 1e-7)  # from the config, not hard-coded
+    decay, _ = adamw(module, cfg, torch.device("cpu"), 1e-3).param_groups
     assert {id(p) for p in decay["params"]} == {id(module.out.weight), id(module.embed.weight)}
 
 
