@@ -365,7 +365,8 @@ class FinetuneConfig(OptimizerConfig):
     # per task, a fixed subset of train (quick runs): one number for every task, or {task: number}
     # (a task left out uses all); null = all
     max_train_examples: int | dict[str, int] | None = None
-    max_eval_examples: int | None = None  # per task, a fixed subset of the reported split; null = all
+    # the same for the reported split: one number, or {task: number}; null = all
+    max_eval_examples: int | dict[str, int] | None = None
     dev_fraction: float = 0.1  # of train, hashed out as the dev set that picks the best epoch
     dev_max: int = 2000
     lr: float = 5e-3  # ulmfit: the head's LR; lower groups / lr_decay each
@@ -411,12 +412,11 @@ class FinetuneConfig(OptimizerConfig):
                 raise ParamsError(f"{key}.{name}: {values} must be a non-empty list without repeats")
         if not 0.0 < self.dev_fraction < 1.0:
             raise ParamsError(f"{key}.dev_fraction: {self.dev_fraction} must be in (0, 1)")
-        at_least_one_or_null(self, key, "max_eval_examples")
-        limits = self.max_train_examples if isinstance(self.max_train_examples, dict) else {"": self.max_train_examples}
-        for task, limit in limits.items():
-            if limit is not None and limit < 1:
-                raise ParamsError(f"{key}.max_train_examples{'.' + task if task else ''}: {limit} must be >= 1 "
-                                  "(or null for all)")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            for task, limit in (value if isinstance(value, dict) else {"": value}).items():
+                if limit is not None and limit < 1:
+                    raise ParamsError(f"{key}.{name}{'.' + task if task else ''}: {limit} must be >= 1 (or null for all)")
         if min(self.lr, self.plain_lr, self.scratch_lr) <= 0 or not 0 <= self.warmup_frac < 1:
             raise ParamsError(f"{key}: lr, plain_lr and scratch_lr must be > 0 and warmup_frac in [0, 1)")
         if not self.probe_c or min(self.probe_c) <= 0:
@@ -427,16 +427,18 @@ class FinetuneConfig(OptimizerConfig):
 
     def train_limit(self, task: str) -> int | None:
         """How many train examples of `task` finetuning (and what compares with it) uses; None = all."""
-        if isinstance(self.max_train_examples, dict):
-            return self.max_train_examples.get(task)
-        return self.max_train_examples
+        return per_task(self.max_train_examples, task)
+
+    def eval_limit(self, task: str) -> int | None:
+        """How many examples of `task`'s reported split finetuning (and what compares with it) scores; None = all."""
+        return per_task(self.max_eval_examples, task)
 
 
 @dataclass
 class DistillConfig(OptimizerConfig):
     """A smaller student per task, trained on the finetuned teacher's outputs (DistilBERT, Patient-KD)."""
 
-    tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # each must be in finetune.tasks
+    tasks: list[str] | None = None  # each must be in finetune.tasks; null = every task finetune trains
     layers: int = 2  # student depth
     width: float = 1.0  # student d_model as a share of the teacher's; < 1 starts from random weights
     init: Literal["every_other", "bottom", "random"] = "every_other"  # which teacher blocks the student copies
@@ -459,8 +461,9 @@ class DistillConfig(OptimizerConfig):
     def validate(self, key: str) -> None:
         self.check_optimizer(key)
         at_least_one(self, key, "layers", "epochs", "batch_size", "patience")
-        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
-            raise ParamsError(f"{key}.tasks: {self.tasks} must be a non-empty list without repeats")
+        if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
+            raise ParamsError(f"{key}.tasks: {self.tasks} must be a non-empty list without repeats (or null: "
+                              "every task in finetune.tasks)")
         if not 0.0 < self.width <= 1.0:
             raise ParamsError(f"{key}.width: {self.width} must be in (0, 1]")
         if self.width < 1.0 and self.init != "random":
@@ -584,11 +587,13 @@ class Params:
                                   f"({self.model.max_positions}); lower it")
         # per-task settings may name tasks that are not selected (so that selecting another task is one
         # -S flag), but not tasks that do not exist: those are typos
-        limits = self.finetune.max_train_examples if isinstance(self.finetune.max_train_examples, dict) else {}
-        for key, named in (("finetune.max_train_examples", limits), ("distill.unlabeled", self.distill.unlabeled)):
-            for task in named:
+        named = {f"finetune.{name}": getattr(self.finetune, name) for name in ("max_train_examples", "max_eval_examples")}
+        for key, per in {**named, "distill.unlabeled": self.distill.unlabeled}.items():
+            for task in per if isinstance(per, dict) else {}:
                 if task not in self.tasks:
                     raise self.unknown_task(f"{key}.{task}", task)
+        if self.distill.tasks is None:  # the stages and the tracked params see the list it stands for
+            self.distill.tasks = list(self.finetune.tasks)
         for i, task in enumerate(self.distill.tasks):
             if task not in self.finetune.tasks:
                 raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "
@@ -606,6 +611,11 @@ class Params:
         if self.finetune.aux_lm_weight > 0 and self.objective != "clm":
             raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
                               f"(objective: clm), not {self.objective}; set it to 0")
+
+
+def per_task(limit: int | dict[str, int] | None, task: str) -> int | None:
+    """A limit given as one number for every task or as {task: number} (a task left out: None), for `task`."""
+    return limit.get(task) if isinstance(limit, dict) else limit
 
 
 def at_least_one(section: Any, key: str, *names: str) -> None:

@@ -85,7 +85,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     tokenizer = load_tokenizer(teacher_dir)
     special = saved_special_ids(teacher_dir)
     rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
-                     max_train=ft.train_limit(name), max_eval=ft.max_eval_examples)
+                     max_train=ft.train_limit(name), max_eval=ft.eval_limit(name))
     task = encode_task(rows, task_cfg, tokenizer, special)
     unlabeled, skipped = [], {}
     if name in cfg.unlabeled:

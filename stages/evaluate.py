@@ -1,7 +1,7 @@
 """Stage `evaluate`: one honest report of everything the chain produced.
 
-For every task in `tasks`, on each labeled split of its eval_splits (the examples finetune evaluates,
-finetune.max_eval_examples of them), it scores:
+For every task in finetune.tasks, on each labeled split of its eval_splits (the examples finetune
+evaluates, finetune.max_eval_examples of them), it scores:
 - the teacher (finetune's best classifier) and the student (distill's), through lib.predict, the
   way a user classifies raw strings, at deployment precision;
 - every finetune variant, as mean ± std over seeds, from the finetune metrics (first split only:
@@ -77,7 +77,9 @@ def main() -> None:
         lm = load_model(args.lm)
         lm_tokenizer = load_tokenizer(args.lm)
         special = saved_special_ids(args.lm)
-        for name, task_cfg in localize(params, args.raw).tasks.items():
+        local = localize(params, args.raw)
+        for name in params.finetune.tasks:  # the tasks with models to score; other entries of `tasks` wait their turn
+            task_cfg = local.tasks[name]
             models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
@@ -100,7 +102,7 @@ def read_json(path: Path) -> dict:
 def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer, special, params) -> dict:
     cfg, ft = params.evaluate, params.finetune
     metric_names = task_cfg.metrics
-    selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.max_eval_examples)
+    selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.eval_limit(name))
     # scored where the stage runs (bf16 on a GPU, as finetune scored them); timed on CPU and GPU below
     classifiers = {role: TextClassifier.load(folder, device=params.device) for role, folder in models.items()}
     onnx = onnx_classifiers(models)

@@ -74,7 +74,7 @@ def main() -> None:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
             task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
-                             max_train=cfg.train_limit(name), max_eval=cfg.max_eval_examples)
+                             max_train=cfg.train_limit(name), max_eval=cfg.eval_limit(name))
             distributed.say(context, f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
                 f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")

@@ -142,6 +142,9 @@ def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value
     ("finetune", "max_train_examples", {"imbd": 10},
      "finetune.max_train_examples.imbd: 'imbd' is not a task in `tasks`; did you mean 'imdb'?"),
     ("finetune", "max_train_examples", "many", "finetune.max_train_examples: expected"),
+    ("finetune", "max_eval_examples", {"sst2": 0}, "finetune.max_eval_examples.sst2: 0 must be >= 1"),
+    ("finetune", "max_eval_examples", {"ssst2": 10},
+     "finetune.max_eval_examples.ssst2: 'ssst2' is not a task in `tasks`; did you mean 'sst2'?"),
     ("distill", "tasks", ["imdb", "cola"], "distill.tasks[1]: 'cola' is not in finetune.tasks"),
     ("distill", "unlabeled", {"sst2": "unsup", "mrcp": "x"}, "distill.unlabeled.mrcp: 'mrcp' is not a task in `tasks`"),
     ("distill", "width", 0.5, "distill.init: a narrower student (width 0.5) cannot copy teacher blocks"),
@@ -163,10 +166,14 @@ def test_distill_and_evaluate_params(chdir_root, tmp_path, default_params, secti
     assert message in error_of(tmp_path, default_params)
 
 
-def test_per_task_train_limit(chdir_root, tmp_path, default_params):
+def test_per_task_limits(chdir_root, tmp_path, default_params):
     default_params["finetune"]["max_train_examples"] = {"sst2": 20000}
+    default_params["finetune"]["max_eval_examples"] = {"imdb": 500}
     finetune = load(tmp_path, default_params).finetune
     assert finetune.train_limit("sst2") == 20000 and finetune.train_limit("imdb") is None
+    assert finetune.eval_limit("imdb") == 500 and finetune.eval_limit("sst2") is None
+    default_params["finetune"]["max_eval_examples"] = 300  # one number: every task
+    assert load(tmp_path, default_params).finetune.eval_limit("sst2") == 300
 
 
 def test_task_fields(chdir_root, tmp_path, default_params):
@@ -232,6 +239,13 @@ def test_with_init_is_checked_without_init(chdir_root, tmp_path, default_params,
 def test_per_task_settings_of_unselected_tasks_are_ignored(chdir_root, tmp_path, default_params):
     # selecting another task is one -S flag: the shipped per-task settings for imdb do not stop it
     default_params["finetune"]["tasks"] = ["cola"]
-    default_params["distill"]["tasks"] = ["cola"]
     params = load(tmp_path, default_params)
     assert params.finetune.train_limit("cola") is None and "imdb" in params.distill.unlabeled
+    assert params.distill.tasks == ["cola"]  # null: every finetuned task, so selecting a task is one flag
+
+
+def test_distill_can_take_some_of_the_finetuned_tasks(chdir_root, tmp_path, default_params):
+    default_params["distill"]["tasks"] = ["sst2"]
+    assert load(tmp_path, default_params).distill.tasks == ["sst2"]
+    default_params["distill"]["tasks"] = []
+    assert "distill.tasks: [] must be a non-empty list without repeats (or null" in error_of(tmp_path, default_params)
