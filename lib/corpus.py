@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from lib.clean import CleanStats, DocumentCleaner
-from lib.config import CorpusConfig, TaskConfig
+from lib.config import CorpusConfig
 from lib.errors import UserError
 from lib.io import JsonlGzWriter
 from lib.progress import Progress
@@ -29,13 +29,14 @@ def in_valid_split(text: str, valid_fraction: float) -> bool:
     return int.from_bytes(digest, "big") < valid_fraction * 2**64
 
 
-def eval_texts(tasks: dict[str, TaskConfig]) -> Iterator[str]:
-    """Every text of every task's evaluation splits (both texts of a pair), for decontamination."""
-    for name, task in tasks.items():
-        for split in task.eval_splits:
-            for field in ("text_field", "text_pair_field")[:1 + (task.text_pair_field is not None)]:
-                yield from read_texts(task.source, split, getattr(task, field), f"tasks.{name}.eval_splits",
-                                      field_key=f"tasks.{name}.{field}")
+def eval_texts(spec: dict[str, dict], raw_dir: Path) -> Iterator[str]:
+    """Every text of every task's evaluation splits (both texts of a pair), as the data stage's
+    lib.raw.eval_text_spec names them, for decontamination."""
+    for name, task in spec.items():
+        for split in task["splits"]:
+            for key, field in task["fields"].items():
+                yield from read_texts(str(raw_dir / task["folder"]), split, field, f"tasks.{name}.eval_splits",
+                                      field_key=f"tasks.{name}.{key}")
 
 
 def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path,

@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from lib.config import HUB_PREFIX, Params
-from lib.errors import UserError
-from lib.io import JsonlGzWriter, atomic_dir, file_sha256, project_root
+from lib.errors import UserError, describe
+from lib.io import JsonlGzWriter, atomic_dir, atomic_file, file_sha256, project_root
 from lib.sources import data_suffix, list_splits, local_files, parse_hub, read_records
 
 # Bump when the rows written for an unchanged source change (a new mapping, another row format):
 # data/raw/<name>/source.json carries it, and a name read with another FORMAT is read again.
 FORMAT = 1
 IDENTITY_FILE = "source.json"
+EVAL_TEXTS_FILE = "eval_texts.json"  # what `clean` removes from the LM corpora (eval_text_spec)
 LABEL_WITHHELD = -1  # the hub's label of a row that has none (GLUE test splits, IMDb unsupervised)
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
@@ -172,6 +173,35 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
         shutil.rmtree(stale)
         print(f"data: {stale.name}: no source uses it any more, removed", flush=True)
     return report
+
+
+def eval_text_spec(params: Params) -> dict[str, dict[str, Any]]:
+    """Per task, the folder in data/raw, evaluation splits and text fields whose texts `clean` removes
+    from the LM corpora. The data stage writes it into data/raw (write_eval_text_spec), so clean
+    depends on it through data/raw's content rather than on the whole `tasks` section: a change of a
+    task's max_len or metrics, or of which tasks finetune selects, does not rerun clean."""
+    return {name: {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
+                   "fields": {key: getattr(task, key) for key in ("text_field", "text_pair_field")
+                              if getattr(task, key) is not None}}
+            for name, task in sorted(params.tasks.items())}
+
+
+def write_eval_text_spec(params: Params, out: Path) -> None:
+    """out/EVAL_TEXTS_FILE for `params`, rewritten only when it changes."""
+    path = out / EVAL_TEXTS_FILE
+    text = json.dumps(eval_text_spec(params), indent=2, sort_keys=True) + "\n"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, "w") as f:
+            f.write(text)
+
+
+def read_eval_text_spec(raw_dir: Path) -> dict[str, dict[str, Any]]:
+    path = raw_dir / EVAL_TEXTS_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: cannot read it ({describe(err)}); run the data stage first (dvc repro data)") from None
 
 
 def up_to_date(params: Params, out: Path) -> bool:

@@ -15,7 +15,7 @@ from lib.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
 from lib.errors import run_main
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.progress import Progress
-from lib.raw import IDENTITY_FILE, localize
+from lib.raw import IDENTITY_FILE, localize, read_eval_text_spec
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
         contamination = None
         if cfg.decontaminate.enabled:
             # cleaned by the same rules, so an evaluation text matches its cleaned copy in a document
-            contamination = build_contamination_index(eval_texts(local.tasks), cfg)
+            contamination = build_contamination_index(eval_texts(read_eval_text_spec(args.raw), args.raw), cfg)
         metrics: dict = {}
         with atomic_dir(args.out) as out:
             for name in CORPORA:

@@ -13,7 +13,7 @@ from lib import tracking
 from lib.config import load_params, stage_params
 from lib.errors import run_main
 from lib.io import check_writable, write_json
-from lib.raw import read_all, up_to_date
+from lib.raw import read_all, up_to_date, write_eval_text_spec
 
 
 def main() -> None:
@@ -24,6 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     check_writable(args.out, args.metrics)
     params = load_params(args.params)
+    write_eval_text_spec(params, args.out)  # what clean decontaminates against: cheap, and exact every run
     if up_to_date(params, args.out) and args.metrics.is_file():  # the usual case: say so, track nothing
         print(f"data: every source is in {args.out} already, read with the same identity; nothing to do", flush=True)
         return

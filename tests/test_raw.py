@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from lib.config import load_params
+from lib.corpus import eval_texts
 from lib.errors import UserError
-from lib.raw import localize, raw_name, read_all
-from lib.sources import HubId, parse_hub
+from lib.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
+from lib.sources import HubId, parse_hub, read_records
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 IMDB = "hf:stanfordnlp/imdb@e6281661ce1c48d982bc483cf8a173c1bbeb5d31"
@@ -235,3 +236,30 @@ def test_a_source_read_earlier_needs_neither_mirror_nor_hub(tmp_path, monkeypatc
     report = read_all(params_for(tmp_path, tmp_path / "gone", sst2=str(local)), tmp_path / "raw")
     assert report["imdb"]["origin"].startswith("kept") and report["wikipedia_en"]["origin"].startswith("kept")
     assert report[raw_name(str(local), "k")]["rows"] == {"train": 2}
+
+
+def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
+    """data/raw carries what decontamination reads, so clean depends on it through data/raw (and not on
+    the whole `tasks` section): another max_len leaves the file as it was, another split changes it."""
+    tiny_mirror(tmp_path / "mirror")
+    params = params_for(tmp_path, tmp_path / "mirror")
+    read_all(params, tmp_path / "raw")
+    write_eval_text_spec(params, tmp_path / "raw")
+    spec_file = tmp_path / "raw" / EVAL_TEXTS_FILE
+    written = spec_file.read_bytes()
+    sst2 = params.tasks["sst2"]
+    assert read_eval_text_spec(tmp_path / "raw")["sst2"] == {
+        "folder": "sst2", "splits": sst2.eval_splits, "fields": {"text_field": sst2.text_field}}
+    texts = list(eval_texts(read_eval_text_spec(tmp_path / "raw"), tmp_path / "raw"))
+    expected = [row[params.tasks[name].text_field] for name in ("imdb", "sst2") for split in params.tasks[name].eval_splits
+                for row in read_records(str(tmp_path / "raw" / name), split, "x")]
+    assert texts == expected and texts
+    params.tasks["sst2"].max_len = 32
+    write_eval_text_spec(params, tmp_path / "raw")
+    assert spec_file.read_bytes() == written
+    params.tasks["sst2"].eval_splits = ["test"]
+    write_eval_text_spec(params, tmp_path / "raw")
+    assert read_eval_text_spec(tmp_path / "raw")["sst2"]["splits"] == ["test"]
+    spec_file.unlink()
+    with pytest.raises(UserError, match=r"eval_texts.json: cannot read it .*; run the data stage first"):
+        read_eval_text_spec(tmp_path / "raw")
