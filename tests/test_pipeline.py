@@ -599,3 +599,35 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
     assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
            "with mlm" in (repo / "reports/summary.md").read_text()
+
+
+def test_a_new_task_is_one_experiment(reproduced, tmp_path):
+    """A user's own 3-class task from a local folder, added and selected by one `dvc exp run` whose flags
+    name only the task (its source, fields, a length the tiny model takes and a train limit; one variant
+    to keep the test short): clean
+    decontaminates against its evaluation split and, finding nothing new, reruns nothing after it; the
+    stages that read tasks train, distill and report the new task alone. Its own copy of the project: the
+    experiment is applied to the workspace."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    topics = ["art", "science", "sport"]
+    rows = [{"body": r["text"], "topic": topics[len(r["text"]) % 3]}
+            for r in head(repo.parent / "shared" / "data" / "sst2" / "train.jsonl.gz", 150)]
+    write_jsonl_gz(repo.parent / "news" / "train.jsonl.gz", rows[:110])
+    write_jsonl_gz(repo.parent / "news" / "validation.jsonl.gz", rows[110:])
+    out = run(repo, "dvc", "exp", "run", "-S", "+tasks.news={source: ../news, text_field: body, label_field: topic, max_len: 48}",
+              "-S", "finetune.tasks=[news]", "-S", "+finetune.max_train_examples.news=60",
+              "-S", "finetune.variants=[plain]", "-n", "news")
+    assert "Running stage 'clean'" in out and "Running stage 'tokenizer'" not in out
+    assert all(f"Running stage '{stage}'" in out for stage in ("finetune", "distill", "evaluate"))
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert list(finetune) == ["news"] and finetune["news"]["train_examples"] == 60  # dev is hashed out before the limit
+    assert list(json.loads((repo / "metrics/distill.json").read_text())) == ["news"]  # distill.tasks: null
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert list(evaluate) == ["news"] and set(evaluate["news"]["splits"]["validation"]["scores"]) >= {"teacher", "student"}
+    assert json.loads((repo / "models/finetune/news/classifier.json").read_text())["label_names"] == topics
+    # a setting of the task reruns what reads tasks, not clean: it reads data/raw/eval_texts.json instead
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tasks"]["news"]["max_len"] = 32
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = json.loads(run(repo, "dvc", "status", "--json"))
+    assert {"finetune", "distill", "evaluate"} <= set(status) and "clean" not in status, status
