@@ -38,11 +38,11 @@ from lib import distributed, runtime
 from lib.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
+from lib.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
 from lib.metrics import compute_metrics, confusion_matrix
 from lib.model import Transformer
 from lib.progress import Progress
 from lib.tasks import Example, TaskData, batch_indices, collate
-from lib.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
 
 
 @dataclass
