@@ -1,56 +1,40 @@
-"""Token tagging: reading and skips, the tag set, first-subword alignment (our byte-level BPE and MiniLM's
-WordPiece), truncation, collate, head and loss, and decoding back to word tags scored by entity_scores."""
+"""Token tagging: reading and skips, the tag set, first-subword alignment (our three tokenizer algorithms and
+MiniLM's WordPiece), truncation, collate, head and loss, and decoding back to word tags scored by entity_scores."""
 from __future__ import annotations
 
 import gzip
 import itertools
 import json
-import random
 
 import pytest
 import torch
 
-from lib.config import SpecialTokens, TokenizerConfig
 from lib.errors import UserError
-from lib.hf import import_tokenizer
 from lib.metrics import entity_scores
-from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_names
-from lib.tokenizer import special_ids, train_tokenizer
-from tests.helpers import ROOT, SHARED_DATA
+from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
+from tests.helpers import SHARED_DATA
+from tests.tasktype_tokenizers import KINDS, minilm, tokenizer_of, trained
 
-MINILM = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2"
 CONLL = SHARED_DATA / "conll2003"
-WORDS = "the a of in to said on Monday German British lamb call boycott rejects government".split()
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
                       ["B-ORG", "O", "B-MISC", "O", "O", "O", "B-MISC", "O", "O"]),
              Sentence("Peter Blackburn said in Schwarzeneggerville on Monday".split(),
                       ["B-PER", "I-PER", "O", "O", "B-LOC", "O", "O"])]
 
 
-def tiny_bpe(folder):
-    rng = random.Random(0)
-    texts = (" ".join(rng.choice(WORDS) for _ in range(10)) for _ in range(300))
-    tokenizer = train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=320, min_frequency=1), folder)
-    return tokenizer, special_ids(tokenizer, SpecialTokens())
-
-
-def minilm():
-    tokenizer, roles, _ = import_tokenizer(MINILM, 30522)
-    return tokenizer, {role: tokenizer.token_to_id(token) for role, token in roles.items()}
-
-
-@pytest.fixture(scope="module", params=["bpe", "minilm"])
+@pytest.fixture(scope="module", params=KINDS)
 def tokenizer(request, tmp_path_factory):
-    if request.param == "bpe":
-        return tiny_bpe(tmp_path_factory.mktemp("tagging") / "bpe")
-    if not MINILM.is_dir():
-        pytest.skip("needs ../shared/models/all-MiniLM-L6-v2")
-    return minilm()
+    return tokenizer_of(request.param, tmp_path_factory.mktemp("tagging") / request.param)
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return trained("bpe", tmp_path_factory.mktemp("tagging") / "bpe")
 
 
 def test_first_subword_carries_the_tag(tokenizer):
     tokenizer, special = tokenizer
-    tags = tag_names(SENTENCES)
+    tags = tag_set(SENTENCES)
     features, counts = encode(SENTENCES, tokenizer, special, 64, tags)
     assert counts["truncated"] == counts["cut_words"] == 0 and counts["words"] == 16
     longest_word = 0
@@ -60,14 +44,14 @@ def test_first_subword_carries_the_tag(tokenizer):
         assert [f.labels[i] for i in f.word_starts] == [tags.index(t) for t in sentence.tags]
         assert all(label == IGNORE for i, label in enumerate(f.labels) if i not in f.word_starts)
         longest_word = max(longest_word, *(b - a for a, b in zip(f.word_starts, [*f.word_starts[1:], len(f.ids) - 1])))
-        # words split as in running text: our BPE's non-first words get their leading space
+        # words split as in running text (our byte-level BPE's non-first words get their leading space)
         assert f.ids[1:-1] == tokenizer.encode(" ".join(sentence.words), add_special_tokens=False).ids
     assert longest_word >= 3  # "Schwarzeneggerville" is several subwords in both tokenizers
 
 
 def test_decoding_perfect_logits_scores_f1_one(tokenizer):
     tokenizer, special = tokenizer
-    tags = tag_names(SENTENCES)
+    tags = tag_set(SENTENCES)
     features, _ = encode(SENTENCES, tokenizer, special, 64, tags)
     batch = collate(features, special["pad"])
     logits = perfect_logits(batch["labels"], len(tags))
@@ -86,9 +70,9 @@ def perfect_logits(labels: torch.Tensor, n_tags: int) -> torch.Tensor:
     return logits
 
 
-def test_truncation_keeps_whole_words_and_decodes_cut_words_as_outside(tmp_path):
-    tokenizer, special = tiny_bpe(tmp_path)
-    tags = tag_names(SENTENCES)
+def test_truncation_keeps_whole_words_and_decodes_cut_words_as_outside(bpe):
+    tokenizer, special = bpe
+    tags = tag_set(SENTENCES)
     sentence = SENTENCES[1]
     full, _ = encode([sentence], tokenizer, special, 64, tags)
     max_len = full[0].word_starts[3] + 1  # room for [bos], the first three words and [eos]
@@ -100,11 +84,10 @@ def test_truncation_keeps_whole_words_and_decodes_cut_words_as_outside(tmp_path)
     assert decode(list(logits), features, tags) == [sentence.tags[:3] + ["O"] * (len(sentence.words) - 3)]
 
 
-@pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")
 def test_a_word_without_subwords_gets_unk():
     tokenizer, special = minilm()
     sentence = Sentence(["Peter", "\u200b", "Blackburn"], ["B-PER", "O", "B-PER"])
-    features, counts = encode([sentence], tokenizer, special, 16, tag_names([sentence]))
+    features, counts = encode([sentence], tokenizer, special, 16, tag_set([sentence]))
     assert counts["unk_words"] == 1 and features[0].ids[features[0].word_starts[1]] == special["unk"]
 
 
@@ -119,17 +102,17 @@ def test_bad_rows_are_counted_skips():
     assert skipped == {"length_mismatch": 1, "empty": 1, "bad_tag": 1, "not_text": 1}
 
 
-def test_tag_set_has_both_tags_of_each_train_type_and_refuses_unseen_types(tmp_path):
-    assert tag_names(SENTENCES) == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
-    tokenizer, special = tiny_bpe(tmp_path)
+def test_tag_set_has_both_tags_of_each_train_type_and_refuses_unseen_types(bpe):
+    assert tag_set(SENTENCES) == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    tokenizer, special = bpe
     unseen = Sentence(["Reuters"], ["B-COMPANY"])
     with pytest.raises(UserError, match=r"tasks.ner: tag 'B-COMPANY' of sentence 0 is not in the tag set"):
-        encode([unseen], tokenizer, special, 16, tag_names(SENTENCES), key="tasks.ner")
+        encode([unseen], tokenizer, special, 16, tag_set(SENTENCES), key="tasks.ner")
 
 
-def test_head_and_collate_shapes(tmp_path):
-    tokenizer, special = tiny_bpe(tmp_path)
-    features, _ = encode(SENTENCES, tokenizer, special, 64, tag_names(SENTENCES))
+def test_head_and_collate_shapes(bpe):
+    tokenizer, special = bpe
+    features, _ = encode(SENTENCES, tokenizer, special, 64, tag_set(SENTENCES))
     batch = collate(features, special["pad"])
     longest = max(len(f.ids) for f in features)
     assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, longest)
@@ -141,14 +124,14 @@ def test_head_and_collate_shapes(tmp_path):
     assert head(torch.randn(2, longest, 16)).shape == (2, longest, 9)
 
 
-@pytest.mark.skipif(not MINILM.is_dir() or not CONLL.is_dir(), reason="needs ../shared MiniLM and conll2003")
+@pytest.mark.skipif(not CONLL.is_dir(), reason="needs ../shared/data/conll2003")
 def test_conll_first_200_sentences_align_with_minilm():
     tokenizer, special = minilm()
     with gzip.open(CONLL / "train.jsonl.gz", "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in itertools.islice(f, 200)]
     sentences, skipped = read_rows(rows)
     assert len(sentences) == 200 and not skipped
-    tags = tag_names(sentences)
+    tags = tag_set(sentences)
     features, counts = encode(sentences, tokenizer, special, 128, tags)
     words = sum(len(s.words) for s in sentences)
     assert counts["words"] == words and counts["cut_words"] == 0

@@ -4,7 +4,7 @@
   count that differs from its word count, or with a tag that is not IOB2 (O, B-<type>, I-<type>) is
   skipped and counted by reason, never a traceback: one broken sentence should not stop a run.
 - The tag set is "O", then B-<type> and I-<type> for every entity type of the train sentences, sorted
-  (`tag_names`): both tags of a type even where a small train subset lacks one of them. An evaluation
+  (`tag_set`): both tags of a type even where a small train subset lacks one of them. An evaluation
   tag outside the set is a UserError rather than a skip, since a type the model never saw means the
   splits differ in scheme (another type set, IOB1); dropping those sentences would change what the
   score measures.
@@ -75,19 +75,19 @@ def _is_iob2(tag: Any) -> bool:
     return tag == OUTSIDE or (isinstance(tag, str) and tag[:2] in ("B-", "I-") and len(tag) > 2)
 
 
-def tag_names(sentences: Iterable[Sentence]) -> list[str]:
+def tag_set(sentences: Iterable[Sentence]) -> list[str]:
     """Index -> tag: "O", then B- and I- of each entity type in `sentences`, types sorted."""
     types = sorted({tag[2:] for sentence in sentences for tag in sentence.tags if tag != OUTSIDE})
     return [OUTSIDE, *(f"{prefix}-{kind}" for kind in types for prefix in "BI")]
 
 
-def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], max_len: int, tags: list[str],
+def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], max_len: int, tag_names: list[str],
            key: str = "tagging") -> tuple[list[Features], Counter]:
     """(features, counts: "sentences", "words", "truncated" sentences, "cut_words", "unk_words" without a
-    subword of their own). `tags`: index -> tag (tag_names of the train sentences). Raises UserError,
-    naming `key`, on a tag outside `tags`."""
+    subword of their own). `tag_names`: index -> tag, the tag_set of the train sentences or names fixed by
+    the task's config. Raises UserError, naming `key`, on a tag outside `tag_names`."""
     _check_plain(tokenizer)
-    index = {tag: i for i, tag in enumerate(tags)}
+    index = {tag: i for i, tag in enumerate(tag_names)}
     spaced = _byte_level(tokenizer)
     words = [[w if n == 0 or not spaced else f" {w}" for n, w in enumerate(s.words)] for s in sentences]
     encodings = tokenizer.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
@@ -98,8 +98,9 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
             pieces[word].append(token_id)
         unknown = [tag for tag in sentence.tags if tag not in index]
         if unknown:
-            raise UserError(f"{key}: tag {unknown[0]!r} of sentence {n} is not in the tag set ({', '.join(tags)}); "
-                            "its type never occurs in the train split: check that the splits use the same tags")
+            raise UserError(f"{key}: tag {unknown[0]!r} of sentence {n} is not in the tag set "
+                            f"({', '.join(tag_names)}); its type never occurs in the train split: check that the "
+                            "splits use the same tags")
         counts["unk_words"] += sum(not word_pieces for word_pieces in pieces)
         ids, labels, starts = [special["bos"]], [IGNORE], []
         for word_pieces, tag in zip(pieces, sentence.tags):
@@ -164,11 +165,11 @@ def loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
 
 
-def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tags: list[str]) -> list[list[str]]:
+def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_names: list[str]) -> list[list[str]]:
     """Word-level tags, one list per sentence: `logits[i]` is feature i's (T, n_tags) logits (rows of a
     padded batch will do: positions past the feature's length are not read); words cut by max_len get "O"."""
     predicted = []
     for sentence_logits, f in zip(logits, features, strict=True):
         best = sentence_logits[f.word_starts].argmax(-1).tolist()
-        predicted.append([tags[i] for i in best] + [OUTSIDE] * (f.n_words - len(f.word_starts)))
+        predicted.append([tag_names[i] for i in best] + [OUTSIDE] * (f.n_words - len(f.word_starts)))
     return predicted
