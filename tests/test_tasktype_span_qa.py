@@ -73,6 +73,7 @@ def test_answer_repair_drops_and_skips_are_counted():
         {"id": "impossible", "question": "When?", "context": context, "answers": {"text": [], "answer_start": []}},
         {"id": "no_question", "question": " ", "context": context, "answers": {"text": [], "answer_start": []}},
         {"id": "no_context", "question": "Who?", "context": "", "answers": {"text": [], "answer_start": []}},
+        {"id": "ok", "question": "Who again?", "context": context, "answers": {"text": [], "answer_start": []}},
     ]
     questions, counts = read_rows(rows)
     by_id = {q.id: q for q in questions}
@@ -80,7 +81,7 @@ def test_answer_repair_drops_and_skips_are_counted():
     assert by_id["ok"].answers == [Answer("Rollo", 0)] and by_id["moved"].answers == [Answer("Rollo", 28)]
     assert by_id["one_gone"].answers == [Answer("Rouen", 42)] and by_id["impossible"].answers == []
     assert counts == {"answer_repaired": 2, "answer_dropped": 2, "no_answer_left": 1, "empty_question": 1,
-                      "empty_context": 1}
+                      "empty_context": 1, "duplicate_id": 1}
 
 
 def test_window_layout(tokenizer):

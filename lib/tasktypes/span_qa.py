@@ -68,11 +68,14 @@ class Window:
 
 
 def read_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[Question], Counter]:
-    """(questions, counts by reason: skipped rows "empty_question", "empty_context", "no_answer_left";
-    answers "answer_repaired", "answer_dropped")."""
-    questions, counts = [], Counter()
+    """(questions, counts by reason: skipped rows "duplicate_id", "empty_question", "empty_context",
+    "no_answer_left"; answers "answer_repaired", "answer_dropped")."""
+    questions, counts, seen = [], Counter(), set()
     for row in rows:
         question, context = row.get("question") or "", row.get("context") or ""
+        if str(row.get("id")) in seen:  # predictions are keyed by id
+            counts["duplicate_id"] += 1
+            continue
         if not question.strip():
             counts["empty_question"] += 1
             continue
@@ -92,7 +95,8 @@ def read_rows(rows: Iterable[dict[str, Any]]) -> tuple[list[Question], Counter]:
         if texts and not answers:
             counts["no_answer_left"] += 1
             continue
-        questions.append(Question(str(row["id"]), question, context, answers))
+        questions.append(Question(str(row.get("id")), question, context, answers))
+        seen.add(questions[-1].id)
     return questions, counts
 
 
@@ -136,20 +140,24 @@ def encode(questions: Sequence[Question], tokenizer, special: dict[str, int], ma
         if question.answers:
             first = question.answers[0]
             answer = _token_span(offsets, first.start, first.start + len(first.text))
-        first_context = len(head) + 2
-        held = False
-        for begin, end in _pieces(len(context_ids), max_len - len(head) - 3, stride):
-            inside = answer is not None and begin <= answer[0] and answer[1] < end
-            held |= inside
-            start, stop = (answer[0] - begin + first_context, answer[1] - begin + first_context) if inside \
-                else (NO_ANSWER, NO_ANSWER)
-            windows.append(Window(
-                question=n, ids=[special["bos"], *head, special["eos"], *context_ids[begin:end], special["eos"]],
-                segments=[0] * first_context + [1] * (end - begin + 1),
-                offsets=[None] * first_context + offsets[begin:end] + [None], start=start, end=stop))
-        counts["answer_in_no_window"] += bool(question.answers) and not held
+        own = [_window(n, [special["bos"], *head, special["eos"]], context_ids, offsets, begin, end, answer,
+                       special["eos"]) for begin, end in _pieces(len(context_ids), max_len - len(head) - 3, stride)]
+        counts["answer_in_no_window"] += bool(question.answers) and all(w.start == NO_ANSWER for w in own)
+        windows += own
     counts["windows"] = len(windows)
     return windows, counts
+
+
+def _window(question: int, prefix: list[int], context_ids: list[int], offsets: list[tuple[int, int] | None],
+            begin: int, end: int, answer: tuple[int, int] | None, eos_id: int) -> Window:
+    """`prefix` ([bos] question [eos]) + context tokens [begin, end) + [eos], with the answer's tokens as
+    targets where the window holds all of them."""
+    inside = answer is not None and begin <= answer[0] and answer[1] < end
+    shift = len(prefix) - begin  # context token i is at position i + shift
+    start, stop = (answer[0] + shift, answer[1] + shift) if inside else (NO_ANSWER, NO_ANSWER)
+    return Window(question=question, ids=[*prefix, *context_ids[begin:end], eos_id],
+                  segments=[0] * len(prefix) + [1] * (end - begin + 1),
+                  offsets=[None] * len(prefix) + offsets[begin:end] + [None], start=start, end=stop)
 
 
 def _check_plain(tokenizer) -> None:
@@ -247,7 +255,7 @@ def decode(start_logits: Sequence[torch.Tensor], end_logits: Sequence[torch.Tens
 def _best_span(starts: torch.Tensor, ends: torch.Tensor, candidate: list[bool],
                max_answer_len: int) -> tuple[float, int, int] | None:
     """(score, first token, last token) of the best span of one window, or None when it has no candidate."""
-    allowed = torch.tensor(candidate)
+    allowed = torch.tensor(candidate, device=starts.device)
     if not allowed.any():
         return None
     starts, ends = starts.masked_fill(~allowed, float("-inf")), ends.masked_fill(~allowed, float("-inf"))
