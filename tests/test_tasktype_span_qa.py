@@ -228,3 +228,30 @@ def test_squad_first_200_questions_with_minilm(name):
     texts, no_answer = decode(*perfect_logits(windows), windows, questions)
     scores = squad_scores(apply_no_answer_threshold(texts, no_answer, 0.0), golds(questions))
     assert scores["exact_match"] == 1.0  # the part-of-a-token misses match another annotator's answer
+
+
+def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe):
+    """The head and loss on a real backbone's hidden states: a few steps fit an answer, one in two
+    windows, and an unanswerable question exactly."""
+    from lib.model import Transformer, TransformerConfig
+
+    tokenizer, special = bpe
+    context, starts = long_context(40)
+    questions = answer_questions(context, starts, [(3, 4), (30, 30)])
+    questions[1].question = "when was the city founded"  # the same question twice could not be told apart
+    questions.append(Question("none", "which king settled in Paris", context, []))
+    windows, _ = encode(questions, tokenizer, special, MAX_LEN, STRIDE, MAX_QUESTION)
+    batch = collate(windows, special["pad"])
+    torch.manual_seed(0)
+    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+                                             d_ff=64, dropout=0.0, max_positions=MAX_LEN))
+    head = Head(32)
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
+    for _ in range(80):
+        outputs = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"]))
+        optimizer.zero_grad()
+        loss(outputs, batch).backward()
+        optimizer.step()
+    texts, no_answer = decode(*(list(logits.detach()) for logits in outputs), windows, questions)
+    assert apply_no_answer_threshold(texts, no_answer, 0.0) == {**{q.id: q.answers[0].text for q in questions[:2]},
+                                                                "none": ""}
