@@ -5,8 +5,8 @@
   moved to the occurrence of its text nearest to answer_start and counted ("answer_repaired"); one
   whose text is not in the context at all is dropped and counted ("answer_dropped"); a question that
   had answers and has none left is skipped ("no_answer_left"), since keeping it would turn it into an
-  unanswerable one. Empty questions or contexts are skipped and counted. A context shorter than its
-  question is kept.
+  unanswerable one. Empty questions or contexts, and a repeated question id (predictions are keyed by
+  id), are skipped and counted. A context shorter than its question is kept.
 - Each question gives one or more windows `[bos] question [eos] context-piece [eos]`, segments 0 up to
   the first eos and 1 after, at most `max_len` tokens. The question keeps its first `max_question_len`
   tokens; the context is cut into pieces that fill the rest, each starting `stride` tokens before the
@@ -14,10 +14,14 @@
   is whole in some window. Texts are encoded without the tokenizer's specials (the layout is ours).
 - Each context token keeps its character span in the context, trimmed of white space (byte-level BPE
   tokens carry their leading space); question tokens, specials, and tokens that are only white space
-  have None and can not begin or end an answer.
+  have None and can not begin or end an answer. An answer that is part of a token ("Israel" in
+  "Israelis") can only be found as the whole token: with MiniLM's tokenizer the gold tokens of 99.08%
+  of SQuAD 1.1's validation answer windows (2811 of 2837) and 99.39% of SQuAD 2.0's (975 of 981) give
+  back the gold text after SQuAD's normalization.
 - Training targets: the first and last token of the first gold answer where the window holds the whole
   answer, else position 0 ([bos], BERT's [CLS]) for both: "no answer in this window", as BERT for
-  SQuAD 2.0 and HF for SQuAD 1.1 windows without the answer. The loss is the mean of the start and end
+  SQuAD 2.0 and HF for SQuAD 1.1 windows without the answer. An answerable question that no window
+  holds whole (an answer longer than `stride` across a cut, or on white space only) is counted. The loss is the mean of the start and end
   cross-entropies over the positions decoding may pick (context tokens and position 0), so training
   and decoding choose among the same positions.
 - Decoding, per question over all its windows: the best span (start <= end, at most `max_answer_len`

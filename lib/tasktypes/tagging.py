@@ -1,8 +1,9 @@
 """Token tagging (CoNLL-2003 NER): a tag per word, predicted from the word's first subword, as BERT.
 
 - Rows hold words (`tokens`) and one IOB2 tag per word (`ner_tags`). A row without words, with a tag
-  count that differs from its word count, or with a tag that is not IOB2 (O, B-<type>, I-<type>) is
-  skipped and counted by reason, never a traceback: one broken sentence should not stop a run.
+  count that differs from its word count, with a word that is not a string or a tag that is not IOB2
+  (O, B-<type>, I-<type>) is skipped and counted by reason, never a traceback: one broken sentence
+  should not stop a run.
 - The tag set is "O", then B-<type> and I-<type> for every entity type of the train sentences, sorted
   (`tag_set`): both tags of a type even where a small train subset lacks one of them. An evaluation
   tag outside the set is a UserError rather than a skip, since a type the model never saw means the
@@ -55,7 +56,8 @@ class Features:
 
 def read_rows(rows: Iterable[dict[str, Any]], words_field: str = "tokens",
               tags_field: str = "ner_tags") -> tuple[list[Sentence], Counter]:
-    """(sentences, skipped rows by reason: "empty", "length_mismatch", "bad_tag")."""
+    """(sentences, skipped rows by reason: "empty", "length_mismatch", "not_text" (a word that is not a
+    string), "bad_tag" (a tag that is not IOB2))."""
     sentences, skipped = [], Counter()
     for row in rows:
         words, tags = row.get(words_field) or [], row.get(tags_field) or []
@@ -90,7 +92,7 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
     _check_plain(tokenizer)
     index = {tag: i for i, tag in enumerate(tag_names)}
     spaced = _byte_level(tokenizer)
-    words = [[w if n == 0 or not spaced else f" {w}" for n, w in enumerate(s.words)] for s in sentences]
+    words = [[word if i == 0 or not spaced else f" {word}" for i, word in enumerate(s.words)] for s in sentences]
     encodings = tokenizer.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
     features, counts = [], Counter(sentences=len(sentences))
     for n, (sentence, encoding) in enumerate(zip(sentences, encodings)):
