@@ -32,7 +32,7 @@ def bpe(tmp_path_factory):
 
 
 def long_context(n_words: int = 120, seed: int = 1) -> tuple[str, list[int]]:
-    """(a context of `n_words` words, every comma-free, the character offset of each word)."""
+    """(a context of `n_words` random WORDS, the character offset of each word)."""
     rng = random.Random(seed)
     words = [rng.choice(WORDS) for _ in range(n_words)]
     starts = list(itertools.accumulate((len(w) + 1 for w in words[:-1]), initial=0))
@@ -106,7 +106,7 @@ def test_long_context_windows_overlap_by_stride(tokenizer):
     windows, counts = encode([Question("q", "who ruled", context, [])], tokenizer, special, MAX_LEN, STRIDE,
                              MAX_QUESTION)
     context_ids = tokenizer.encode(context, add_special_tokens=False).ids
-    pieces = [[i for i, o in zip(w.ids, w.segments) if o == 1][:-1] for w in windows]
+    pieces = [[token for token, segment in zip(w.ids, w.segments) if segment == 1][:-1] for w in windows]
     assert counts["windows"] == len(windows) >= 3 and all(len(w.ids) <= MAX_LEN for w in windows)
     assert pieces[0] == context_ids[:len(pieces[0])] and all(len(p) > STRIDE for p in pieces)
     for before, after in zip(pieces, pieces[1:]):
