@@ -8,12 +8,13 @@ import json
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from lib.errors import UserError
 from lib.metrics import entity_scores
 from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
-from tests.tasktype_tokenizers import KINDS, minilm, tokenizer_of, trained
+from tests.tasktype_tokenizers import KINDS, MINILM, minilm, tokenizer_of, trained
 
 CONLL = SHARED_DATA / "conll2003"
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
@@ -160,3 +161,11 @@ def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe):
         loss(logits, batch).backward()
         optimizer.step()
     assert decode(list(logits.detach()), features, tags) == [s.tags for s in SENTENCES]
+
+
+def test_a_tokenizer_that_pads_on_its_own_is_refused():
+    """MiniLM's tokenizer.json pads and truncates to 128 as saved; lib.hf.import_tokenizer turns that off."""
+    special = minilm()[1]  # skips without MiniLM
+    raw = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    with pytest.raises(ValueError, match="pads or truncates"):
+        encode(SENTENCES, raw, special, 64, tag_set(SENTENCES))
