@@ -16,7 +16,7 @@ from lib.metrics import apply_no_answer_threshold, normalize_answer, squad_score
 from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Head, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA
-from tests.tasktype_tokenizers import KINDS, WORDS, minilm, tokenizer_of, trained
+from tests.tasktype_helpers import KINDS, WORDS, minilm, one_thread, tokenizer_of, trained  # noqa: F401
 
 MAX_LEN, STRIDE, MAX_QUESTION = 64, 20, 8  # answers of up to STRIDE tokens are whole in some window
 
@@ -230,7 +230,7 @@ def test_squad_first_200_questions_with_minilm(name):
     assert scores["exact_match"] == 1.0  # the part-of-a-token misses match another annotator's answer
 
 
-def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe):
+def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe, one_thread):
     """The head and loss on a real backbone's hidden states: a few steps fit an answer, one in two
     windows, and an unanswerable question exactly."""
     from lib.model import Transformer, TransformerConfig

@@ -14,7 +14,7 @@ from lib.errors import UserError
 from lib.metrics import entity_scores
 from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
-from tests.tasktype_tokenizers import KINDS, MINILM, minilm, tokenizer_of, trained
+from tests.tasktype_helpers import KINDS, MINILM, minilm, one_thread, tokenizer_of, trained  # noqa: F401
 
 CONLL = SHARED_DATA / "conll2003"
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
@@ -142,7 +142,7 @@ def test_conll_first_200_sentences_align_with_minilm():
     assert entity_scores([s.tags for s in sentences], decode(logits, features, tags))["f1"] == 1.0
 
 
-def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe):
+def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe, one_thread):
     """The head and loss on a real backbone's hidden states: a few steps fit two sentences exactly."""
     from lib.model import Transformer, TransformerConfig
 

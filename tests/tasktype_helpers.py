@@ -1,11 +1,12 @@
-"""Tokenizers for the task-type tests: tiny ones of each algorithm lib.tokenizer trains, and MiniLM's
-WordPiece tokenizer.json as lib.hf imports it (specials as role -> id)."""
+"""For the task-type tests: tokenizers (tiny ones of each algorithm lib.tokenizer trains, and MiniLM's
+WordPiece tokenizer.json as lib.hf imports it, specials as role -> id) and a one-thread fixture."""
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from lib.config import SpecialTokens, TokenizerConfig
 from lib.hf import import_tokenizer
@@ -39,3 +40,12 @@ def minilm():
 
 def tokenizer_of(kind: str, folder: Path):
     return minilm() if kind == "minilm" else trained(kind, folder)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads, and two threads on a busy 2-core machine run 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
