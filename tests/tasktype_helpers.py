@@ -1,0 +1,51 @@
+"""For the task-type tests: tokenizers (tiny ones of each algorithm lib.tokenizer trains, and MiniLM's
+WordPiece tokenizer.json as lib.hf imports it, specials as role -> id) and a one-thread fixture."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib.config import SpecialTokens, TokenizerConfig
+from lib.hf import import_tokenizer
+from lib.tokenizer import special_ids, train_tokenizer
+from tests.helpers import ROOT
+
+MINILM = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2"
+KINDS = ["bpe", "wordpiece", "unigram", "minilm"]
+WORDS = ("the a of in to was said on Monday city river king war army church people year north south Paris "
+         "Normandy Rollo duchy founded settled ruled 911 1066 Viking Frankish German British lamb call "
+         "boycott rejects government").split()
+VOCAB_SIZES = {"bpe": 320, "wordpiece": 200, "unigram": 300}  # unigram: 256 bytes + characters + pieces
+
+
+def trained(algorithm: str, folder: Path):
+    """(a tokenizer of `algorithm` trained on 2,000 random sentences of WORDS, its special ids)."""
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(2000)]
+    cfg = TokenizerConfig(algorithm=algorithm, vocab_size=VOCAB_SIZES[algorithm], min_frequency=1)
+    tokenizer = train_tokenizer(iter(texts), cfg, folder)
+    return tokenizer, special_ids(tokenizer, SpecialTokens())
+
+
+def minilm():
+    """(MiniLM's tokenizer without its padding and truncation, its special ids)."""
+    if not MINILM.is_dir():
+        pytest.skip("needs ../shared/models/all-MiniLM-L6-v2")
+    tokenizer, roles, _ = import_tokenizer(MINILM, 30522)
+    return tokenizer, {role: tokenizer.token_to_id(token) for role, token in roles.items()}
+
+
+def tokenizer_of(kind: str, folder: Path):
+    return minilm() if kind == "minilm" else trained(kind, folder)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads, and two threads on a busy 2-core machine run 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,171 @@
+"""Token tagging: reading and skips, the tag set, first-subword alignment (our three tokenizer algorithms and
+MiniLM's WordPiece), truncation, collate, head and loss, and decoding back to word tags scored by entity_scores."""
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from lib.errors import UserError
+from lib.metrics import entity_scores
+from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
+from tests.helpers import SHARED_DATA
+from tests.tasktype_helpers import KINDS, MINILM, minilm, one_thread, tokenizer_of, trained  # noqa: F401
+
+CONLL = SHARED_DATA / "conll2003"
+SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
+                      ["B-ORG", "O", "B-MISC", "O", "O", "O", "B-MISC", "O", "O"]),
+             Sentence("Peter Blackburn said in Schwarzeneggerville on Monday".split(),
+                      ["B-PER", "I-PER", "O", "O", "B-LOC", "O", "O"])]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def tokenizer(request, tmp_path_factory):
+    return tokenizer_of(request.param, tmp_path_factory.mktemp("tagging") / request.param)
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return trained("bpe", tmp_path_factory.mktemp("tagging") / "bpe")
+
+
+def test_first_subword_carries_the_tag(tokenizer):
+    tokenizer, special = tokenizer
+    tags = tag_set(SENTENCES)
+    features, counts = encode(SENTENCES, tokenizer, special, 64, tags)
+    assert counts["truncated"] == counts["cut_words"] == 0 and counts["words"] == 16
+    longest_word = 0
+    for sentence, f in zip(SENTENCES, features):
+        assert f.ids[0] == special["bos"] and f.ids[-1] == special["eos"] and len(f.labels) == len(f.ids)
+        assert len(f.word_starts) == f.n_words == len(sentence.words)
+        assert [f.labels[i] for i in f.word_starts] == [tags.index(t) for t in sentence.tags]
+        assert all(label == IGNORE for i, label in enumerate(f.labels) if i not in f.word_starts)
+        longest_word = max(longest_word, *(b - a for a, b in zip(f.word_starts, [*f.word_starts[1:], len(f.ids) - 1])))
+        # words split as in running text (our byte-level BPE's non-first words get their leading space)
+        assert f.ids[1:-1] == tokenizer.encode(" ".join(sentence.words), add_special_tokens=False).ids
+    assert longest_word >= 3  # "Schwarzeneggerville" is several subwords in both tokenizers
+
+
+def test_decoding_perfect_logits_scores_f1_one(tokenizer):
+    tokenizer, special = tokenizer
+    tags = tag_set(SENTENCES)
+    features, _ = encode(SENTENCES, tokenizer, special, 64, tags)
+    batch = collate(features, special["pad"])
+    logits = perfect_logits(batch["labels"], len(tags))
+    predicted = decode(list(logits), features, tags)
+    assert predicted == [s.tags for s in SENTENCES]
+    assert entity_scores([s.tags for s in SENTENCES], predicted)["f1"] == 1.0
+    assert loss(logits, batch).item() < 1e-3
+
+
+def perfect_logits(labels: torch.Tensor, n_tags: int) -> torch.Tensor:
+    """(B, T, n_tags) logits whose argmax is the label where there is one (noise elsewhere)."""
+    logits = torch.randn(*labels.shape, n_tags, generator=torch.Generator().manual_seed(0))
+    tagged = labels != IGNORE
+    logits[tagged] = -20.0
+    logits[tagged, labels[tagged]] = 20.0
+    return logits
+
+
+def test_truncation_keeps_whole_words_and_decodes_cut_words_as_outside(bpe):
+    tokenizer, special = bpe
+    tags = tag_set(SENTENCES)
+    sentence = SENTENCES[1]
+    full, _ = encode([sentence], tokenizer, special, 64, tags)
+    max_len = full[0].word_starts[3] + 1  # room for [bos], the first three words and [eos]
+    features, counts = encode([sentence], tokenizer, special, max_len, tags)
+    f = features[0]
+    assert len(f.ids) <= max_len and f.ids[-1] == special["eos"] and f.word_starts == full[0].word_starts[:3]
+    assert counts["truncated"] == 1 and counts["cut_words"] == len(sentence.words) - 3
+    logits = perfect_logits(collate(features, special["pad"])["labels"], len(tags))
+    assert decode(list(logits), features, tags) == [sentence.tags[:3] + ["O"] * (len(sentence.words) - 3)]
+
+
+def test_a_word_without_subwords_gets_unk():
+    tokenizer, special = minilm()
+    sentence = Sentence(["Peter", "\u200b", "Blackburn"], ["B-PER", "O", "B-PER"])
+    features, counts = encode([sentence], tokenizer, special, 16, tag_set([sentence]))
+    assert counts["unk_words"] == 1 and features[0].ids[features[0].word_starts[1]] == special["unk"]
+
+
+def test_bad_rows_are_counted_skips():
+    rows = [{"tokens": ["EU", "rejects"], "ner_tags": ["B-ORG", "O"]},
+            {"tokens": ["EU", "rejects"], "ner_tags": ["B-ORG"]},
+            {"tokens": [], "ner_tags": []},
+            {"tokens": ["EU"], "ner_tags": ["ORG"]},
+            {"tokens": [None], "ner_tags": ["O"]}]
+    sentences, skipped = read_rows(rows)
+    assert sentences == [Sentence(["EU", "rejects"], ["B-ORG", "O"])]
+    assert skipped == {"length_mismatch": 1, "empty": 1, "bad_tag": 1, "not_text": 1}
+
+
+def test_tag_set_has_both_tags_of_each_train_type_and_refuses_unseen_types(bpe):
+    assert tag_set(SENTENCES) == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    tokenizer, special = bpe
+    unseen = Sentence(["Reuters"], ["B-COMPANY"])
+    with pytest.raises(UserError, match=r"tasks.ner: tag 'B-COMPANY' of sentence 0 is not in the tag set"):
+        encode([unseen], tokenizer, special, 16, tag_set(SENTENCES), key="tasks.ner")
+
+
+def test_head_and_collate_shapes(bpe):
+    tokenizer, special = bpe
+    features, _ = encode(SENTENCES, tokenizer, special, 64, tag_set(SENTENCES))
+    batch = collate(features, special["pad"])
+    longest = max(len(f.ids) for f in features)
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape == (2, longest)
+    short = min(range(2), key=lambda i: len(features[i].ids))
+    padding = ~batch["attention_mask"][short]
+    assert padding.any() and (batch["input_ids"][short][padding] == special["pad"]).all()
+    assert (batch["labels"][short][padding] == IGNORE).all() and not batch["segment_ids"].any()
+    head = Head(16, 9)
+    assert head(torch.randn(2, longest, 16)).shape == (2, longest, 9)
+
+
+@pytest.mark.skipif(not CONLL.is_dir(), reason="needs ../shared/data/conll2003")
+def test_conll_first_200_sentences_align_with_minilm():
+    tokenizer, special = minilm()
+    with gzip.open(CONLL / "train.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in itertools.islice(f, 200)]
+    sentences, skipped = read_rows(rows)
+    assert len(sentences) == 200 and not skipped
+    tags = tag_set(sentences)
+    features, counts = encode(sentences, tokenizer, special, 128, tags)
+    words = sum(len(s.words) for s in sentences)
+    assert counts["words"] == words and counts["cut_words"] == 0
+    assert sum(len(f.word_starts) for f in features) == words
+    assert sum(label != IGNORE for f in features for label in f.labels) == words
+    logits = [perfect_logits(torch.tensor(f.labels)[None], len(tags))[0] for f in features]
+    assert entity_scores([s.tags for s in sentences], decode(logits, features, tags))["f1"] == 1.0
+
+
+def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe, one_thread):
+    """The head and loss on a real backbone's hidden states: a few steps fit two sentences exactly."""
+    from lib.model import Transformer, TransformerConfig
+
+    tokenizer, special = bpe
+    tags = tag_set(SENTENCES)
+    features, _ = encode(SENTENCES, tokenizer, special, 64, tags)
+    batch = collate(features, special["pad"])
+    torch.manual_seed(0)
+    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+                                             d_ff=64, dropout=0.0, max_positions=64))
+    head = Head(32, len(tags), dropout=0.0)
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
+    for _ in range(60):
+        logits = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"]))
+        optimizer.zero_grad()
+        loss(logits, batch).backward()
+        optimizer.step()
+    assert decode(list(logits.detach()), features, tags) == [s.tags for s in SENTENCES]
+
+
+def test_a_tokenizer_that_pads_on_its_own_is_refused():
+    """MiniLM's tokenizer.json pads and truncates to 128 as saved; lib.hf.import_tokenizer turns that off."""
+    special = minilm()[1]  # skips without MiniLM
+    raw = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
+    with pytest.raises(ValueError, match="pads or truncates"):
+        encode(SENTENCES, raw, special, 64, tag_set(SENTENCES))
