@@ -24,12 +24,13 @@ def main() -> None:
     args = parser.parse_args()
     check_writable(args.out, args.metrics)
     params = load_params(args.params)
-    write_eval_text_spec(params, args.out)  # what clean decontaminates against: cheap, and exact every run
     if up_to_date(params, args.out) and args.metrics.is_file():  # the usual case: say so, track nothing
+        write_eval_text_spec(params, args.out)  # a task's evaluation splits or fields may have changed
         print(f"data: every source is in {args.out} already, read with the same identity; nothing to do", flush=True)
         return
     with tracking.stage_run("data", params.tracking, params, stage_params(params, "data")) as run:
         report = read_all(params, args.out)
+        write_eval_text_spec(params, args.out)  # after every source is read: a failed stage writes nothing
         write_json(args.metrics, report)
         run.log_summary({f"{name}.rows.{split}": n for name, r in report.items() for split, n in r["rows"].items()})
         run.log_artifact(args.metrics)
