@@ -45,7 +45,8 @@ class Example:
 
 
 def read_rows(rows: Iterable[dict[str, Any]], *, text_field: str = "sentence1",
-              text_pair_field: str | None = "sentence2", label_field: str = "label", unlabeled: float | None = UNLABELED) -> tuple[list[Scored], Counter]:
+              text_pair_field: str | None = "sentence2", label_field: str = "label",
+              unlabeled: float | None = UNLABELED) -> tuple[list[Scored], Counter]:
     """(items, skipped rows by reason): the rows with text and a finite numeric label. Reasons: empty_text,
     unlabeled (the label equals `unlabeled`), label_missing (null), label_not_a_number (a bool, a list, a
     string that does not parse), label_not_finite (NaN, inf)."""
