@@ -40,8 +40,9 @@ def lexicon_tags(train: Sequence[tuple[Sequence[str], Sequence[str]]],
                  sentences: Sequence[Sequence[str]]) -> list[list[str]]:
     """IOB2 tags for each of `sentences` (token lists), learned from `train`'s (tokens, tags) pairs.
 
-    A word seen in train takes its most frequent tag there (the first seen on a tie); an unseen word
-    whose lowercase form was seen takes that form's ("GERMANY" in a headline, "German" in train). An
+    A word seen in train takes its most frequent tag there (the first seen on a tie); an unseen word,
+    the most frequent tag of the train words that lowercase as it does ("GERMANY" in a headline takes
+    the tag of "Germany" and "germany"). An
     unseen word that is capitalised and not the sentence's first takes the most frequent tag of the
     capitalised words seen only once in train, which stand in for unseen ones; on CoNLL-2003 that is
     I-PER (an unknown capitalised word is most often a surname), worth about 8 F1 points on test over
@@ -107,6 +108,8 @@ class OverlapQA:
         with `no_answer`, the threshold as SQuAD 2.0's script picks it, on train."""
         idf = _sentence_idf({row["context"] for row in train})
         answerable = [row for row in train if row["answers"]["text"]]
+        if not answerable:
+            raise ValueError("no train question has an answer to choose the span length by")
         golds = {row["id"]: row["answers"]["text"] for row in answerable}
         best = max(SPAN_WORDS, key=lambda k: squad_scores(cls(idf, k).answers(answerable), golds)["f1"])
         model = cls(idf, best)
