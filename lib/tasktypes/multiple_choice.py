@@ -10,8 +10,8 @@
   A feature holds its question's n_choices sequences; a batch pads all of them to its longest one.
 - The caller runs the encoder on the (B * n_choices, T) flattened batch and pools each sequence, as
   for classification; the head scores each pooled state with one linear layer d -> 1, and the loss is
-  cross-entropy over a question's scores (B, n_choices), so the choices compete, as in BERT's SWAG head.
-  A per-choice yes/no classifier would not make them compete and is worse on SWAG (Zellers et al.).
+  cross-entropy over a question's scores (B, n_choices): the choices compete, as in BERT's SWAG head
+  (Devlin et al. 2019, section 4.4), rather than each being judged right or wrong on its own.
 """
 from __future__ import annotations
 

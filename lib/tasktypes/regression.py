@@ -1,8 +1,8 @@
 """Sentence(-pair) regression, as BERT finetunes STS-B: a similarity score from one linear output.
 
 - Rows become `Scored(a, b, value)`. A label that is not a finite number (null, NaN, a bool, a string
-  that does not parse as one) is skipped and counted by reason, never a traceback: STS-style files are
-  often hand-edited, and one bad line should not stop a run. -1 is GLUE's mark of an unlabeled test
+  that does not parse as one) is skipped and counted by reason, never a traceback: one bad line should
+  not stop a run, and the counts say how many there were. -1 is GLUE's mark of an unlabeled test
   row (lib.tasks.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
 - Texts are laid out as lib.tasks lays out classification inputs, by `lib.tasks.encode`:
   `[bos] a [eos] b [eos]`, segment 0 then 1, cut longest-first to max_len.
