@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from lib.metrics import choice_accuracy, entity_scores, pearson, spearman, squad_scores  # noqa: E402
-from lib.tasktypes import multiple_choice, regression  # noqa: E402
+from lib.tasktypes import multiple_choice, regression, span_qa, tagging  # noqa: E402
 from lib.tasktypes.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity  # noqa: E402
 
 
@@ -41,17 +41,18 @@ def main() -> None:
     data = parser.parse_args().data
 
     start = time.perf_counter()
-    train = [(row["tokens"], row["ner_tags"]) for row in read(data, "conll2003", "train")]
-    test = read(data, "conll2003", "test")
-    scores = entity_scores([row["ner_tags"] for row in test], lexicon_tags(train, [row["tokens"] for row in test]))
-    report("conll2003", "test", {k: scores[k] for k in ("f1", "precision", "recall")}, start)
+    train, _ = tagging.read_rows(read(data, "conll2003", "train"))
+    test, skipped = tagging.read_rows(read(data, "conll2003", "test"))
+    scores = entity_scores([s.tags for s in test], lexicon_tags(train, [s.words for s in test]))
+    report("conll2003", "test", {k: scores[k] for k in ("f1", "precision", "recall")}, start, skipped=dict(skipped))
 
     for name in ("squad", "squad_v2"):
         start = time.perf_counter()
-        model = OverlapQA.fit(read(data, name, "train"), no_answer=name == "squad_v2")
-        rows = read(data, name, "validation")
-        scores = squad_scores(model.answers(rows), {row["id"]: row["answers"]["text"] for row in rows})
-        report(name, "validation", scores, start, span_words=model.span_words, threshold=model.threshold)
+        model = OverlapQA.fit(span_qa.read_rows(read(data, name, "train"))[0], no_answer=name == "squad_v2")
+        questions, counts = span_qa.read_rows(read(data, name, "validation"))
+        scores = squad_scores(model.answers(questions), span_qa.golds(questions))
+        report(name, "validation", scores, start, span_words=model.span_words, threshold=model.threshold,
+               skipped=dict(counts))
 
     start = time.perf_counter()
     train_pairs, _ = regression.read_rows(read(data, "stsb", "train"))

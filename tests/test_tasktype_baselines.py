@@ -10,10 +10,13 @@ import math
 import pytest
 
 from lib.metrics import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
-from lib.tasktypes import multiple_choice, regression
+from lib.tasktypes import multiple_choice, regression, span_qa, tagging
 from lib.tasktypes.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
 from lib.tasktypes.multiple_choice import Question
 from lib.tasktypes.regression import Scored
+from lib.tasktypes.span_qa import Answer, golds
+from lib.tasktypes.span_qa import Question as QAQuestion
+from lib.tasktypes.tagging import Sentence
 from tests.helpers import SHARED_DATA
 
 
@@ -29,11 +32,11 @@ def needs(name: str):
 # tagging ----------------------------------------------------------------------------------------
 
 def test_lexicon_tags_take_each_words_most_frequent_tag():
-    train = [(["Paris", "is", "big"], ["B-LOC", "O", "O"]),
-             (["Paris", "Hilton", "sang"], ["B-PER", "I-PER", "O"]),
-             (["in", "Paris", "."], ["O", "B-LOC", "O"]),
-             (["Smith", "and", "Jones", "met"], ["B-PER", "O", "B-PER", "O"]),
-             (["Dr", "Brown", "left"], ["O", "B-PER", "O"])]
+    train = [Sentence(["Paris", "is", "big"], ["B-LOC", "O", "O"]),
+             Sentence(["Paris", "Hilton", "sang"], ["B-PER", "I-PER", "O"]),
+             Sentence(["in", "Paris", "."], ["O", "B-LOC", "O"]),
+             Sentence(["Smith", "and", "Jones", "met"], ["B-PER", "O", "B-PER", "O"]),
+             Sentence(["Dr", "Brown", "left"], ["O", "B-PER", "O"])]
     sentences = [["Paris", "sang"],  # seen words: their most frequent tags
                  ["PARIS", "is", "big"],  # unseen: the tag of the words that lowercase as it does
                  ["Hilton", "left"],  # I-PER alone starts an entity: written B-PER
@@ -58,24 +61,23 @@ def test_well_formed_keeps_the_entities_seqeval_reads():
 
 @needs("conll2003")
 def test_lexicon_tags_beat_all_o_on_real_sentences():
-    train = [(row["tokens"], row["ner_tags"]) for row in read("conll2003", "train", 3000)]
-    test = read("conll2003", "test", 200)
-    gold = [row["ner_tags"] for row in test]
+    train, _ = tagging.read_rows(read("conll2003", "train", 3000))
+    test, _ = tagging.read_rows(read("conll2003", "test", 200))
+    gold = [sentence.tags for sentence in test]
     floor = entity_scores(gold, [["O"] * len(tags) for tags in gold])["f1"]
-    assert entity_scores(gold, lexicon_tags(train, [row["tokens"] for row in test]))["f1"] > floor
+    assert entity_scores(gold, lexicon_tags(train, [sentence.words for sentence in test]))["f1"] > floor
 
 
 # extractive QA ----------------------------------------------------------------------------------
 
-def qa(qid: str, context: str, question: str, answers: list[str]) -> dict:
-    return {"id": qid, "title": "t", "context": context, "question": question,
-            "answers": {"text": answers, "answer_start": [context.find(a) for a in answers]}}
+def qa(qid: str, context: str, question: str, answers: list[str]) -> QAQuestion:
+    return QAQuestion(qid, question, context, [Answer(a, context.find(a)) for a in answers])
 
 
 NAMES = ["Jane Doe", "Ada Byron", "Max Planck", "Rosa Parks", "Alan Kay", "Lise Meitner"]
 
 
-def founded(n: int, name: str) -> dict:
+def founded(n: int, name: str) -> QAQuestion:
     """The answer sits in the second sentence, right after the question's words."""
     company = f"Firm{n}"
     context = f"The weather in town{n} was mild that year. {company} was founded by {name}."
@@ -101,7 +103,7 @@ def test_overlap_qa_learns_no_answer_where_the_context_shares_no_question_word()
 def test_overlap_qa_answers_nothing_where_train_says_so():
     """Train's spans never earn a point and its unanswerable questions share all their words with the
     context: no threshold beats silence, not even the script's default 0.0, where every question scores 0."""
-    train = [qa(f"q{n}", founded(n, name)["context"], f"Who founded Firm{n}?", ["that year"])
+    train = [qa(f"q{n}", founded(n, name).context, f"Who founded Firm{n}?", ["that year"])
              for n, name in enumerate(NAMES)]
     train += [qa(f"u{n}", f"Firm{n} was founded by {name}.", f"Who founded Firm{n}?", [])
               for n, name in enumerate(NAMES)]
@@ -113,19 +115,20 @@ def test_overlap_qa_answers_nothing_where_train_says_so():
 @pytest.mark.parametrize("name", [pytest.param("squad", marks=needs("squad")),
                                   pytest.param("squad_v2", marks=needs("squad_v2"))])
 def test_overlap_qa_beats_the_contexts_first_words_on_real_questions(name):
-    train, rows = read(name, "train", 300), [r for r in read(name, "validation", 300) if r["answers"]["text"]]
+    train, _ = span_qa.read_rows(read(name, "train", 300))
+    questions = [q for q in span_qa.read_rows(read(name, "validation", 300))[0] if q.answers]
     model = OverlapQA.fit(train)
-    golds = {row["id"]: row["answers"]["text"] for row in rows}
-    first_words = {row["id"]: " ".join(row["context"].split()[:model.span_words]) for row in rows}
-    assert squad_scores(model.answers(rows), golds)["f1"] > squad_scores(first_words, golds)["f1"]
+    first_words = {q.id: " ".join(q.context.split()[:model.span_words]) for q in questions}
+    gold = golds(questions)
+    assert squad_scores(model.answers(questions), gold)["f1"] > squad_scores(first_words, gold)["f1"]
 
 
 @needs("squad_v2")
 def test_the_no_answer_threshold_is_no_worse_than_silence_on_train():
-    train = read("squad_v2", "train", 300)
-    golds = {row["id"]: row["answers"]["text"] for row in train}
-    silence = squad_scores({qid: "" for qid in golds}, golds)["f1"]
-    assert squad_scores(OverlapQA.fit(train, no_answer=True).answers(train), golds)["f1"] >= silence
+    train, _ = span_qa.read_rows(read("squad_v2", "train", 300))
+    gold = golds(train)
+    silence = squad_scores({qid: "" for qid in gold}, gold)["f1"]
+    assert squad_scores(OverlapQA.fit(train, no_answer=True).answers(train), gold)["f1"] >= silence
 
 
 # regression -------------------------------------------------------------------------------------

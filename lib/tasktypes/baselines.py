@@ -1,8 +1,8 @@
 """What the new task types earn without a transformer: one cheap, train-only baseline each, so a finetuned
 model's score can be read against the floor a lexicon or word overlap already reaches.
 
-Each is a pure function of read rows (train rows to fit on, rows to predict) whose predictions go to
-lib.metrics as a model's would:
+Each is a pure function of rows as the task type's module reads them (train items to fit on, items to
+predict) whose predictions go to lib.metrics as a model's would:
 - tagging (CoNLL-2003): `lexicon_tags`, each word's most frequent train tag, unknown capitalised words
   tagged as train's words seen once (the usual stand-in for unseen words), made well-formed IOB2;
 - extractive QA (SQuAD 1.1 / 2.0): `OverlapQA`, a short span beside the question's words in the context
@@ -19,7 +19,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, TfidfVectorizer
@@ -28,6 +28,9 @@ from lib.metrics import (apply_no_answer_threshold, best_no_answer_threshold, ch
                          squad_scores)
 from lib.tasktypes.multiple_choice import Question
 from lib.tasktypes.regression import Scored
+from lib.tasktypes.span_qa import Question as QAQuestion
+from lib.tasktypes.span_qa import golds
+from lib.tasktypes.tagging import Sentence
 
 WORD = re.compile(r"\w+")
 SENTENCE = re.compile(r"[^.!?]+(?:[.!?]+|$)")  # a run up to and including its end punctuation
@@ -36,9 +39,8 @@ SPAN_WORDS = (1, 2, 3, 4, 5)  # the answer lengths, in words, that OverlapQA.fit
 
 # tagging ----------------------------------------------------------------------------------------
 
-def lexicon_tags(train: Sequence[tuple[Sequence[str], Sequence[str]]],
-                 sentences: Sequence[Sequence[str]]) -> list[list[str]]:
-    """IOB2 tags for each of `sentences` (token lists), learned from `train`'s (tokens, tags) pairs.
+def lexicon_tags(train: Sequence[Sentence], sentences: Sequence[Sequence[str]]) -> list[list[str]]:
+    """IOB2 tags for each of `sentences` (word lists), learned from `train`'s tagged sentences.
 
     A word seen in train takes its most frequent tag there (the first seen on a tie); an unseen word,
     the most frequent tag of the train words that lowercase as it does ("GERMANY" in a headline takes
@@ -49,8 +51,8 @@ def lexicon_tags(train: Sequence[tuple[Sequence[str], Sequence[str]]],
     lib.metrics.entity_spans reads them, as seqeval does: an I-X that starts an entity (after O or
     another type) becomes B-X, so the output is well-formed IOB2 and scores the same."""
     counts: dict[str, Counter] = defaultdict(Counter)
-    for tokens, tags in train:
-        for word, tag in zip(tokens, tags, strict=True):
+    for sentence in train:
+        for word, tag in zip(sentence.words, sentence.tags, strict=True):
             counts[word][tag] += 1
     lowercase: dict[str, Counter] = defaultdict(Counter)
     for word, tags in counts.items():
@@ -102,44 +104,43 @@ class OverlapQA:
         self.default_idf = max(self.idf.values(), default=1.0)  # an unseen word is as rare as the rarest
 
     @classmethod
-    def fit(cls, train: Sequence[dict[str, Any]], no_answer: bool = False) -> OverlapQA:
+    def fit(cls, train: Sequence[QAQuestion], no_answer: bool = False) -> OverlapQA:
         """IDF from train's contexts; span_words (of SPAN_WORDS) by train F1 on the answerable questions;
         with `no_answer`, the threshold as SQuAD 2.0's script picks it, on train."""
-        idf = _sentence_idf({row["context"] for row in train})
-        answerable = [row for row in train if row["answers"]["text"]]
+        idf = _sentence_idf({question.context for question in train})
+        answerable = [question for question in train if question.answers]
         if not answerable:
             raise ValueError("no train question has an answer to choose the span length by")
-        golds = {row["id"]: row["answers"]["text"] for row in answerable}
-        best = max(SPAN_WORDS, key=lambda k: squad_scores(cls(idf, k).answers(answerable), golds)["f1"])
+        best = max(SPAN_WORDS, key=lambda k: squad_scores(cls(idf, k).answers(answerable), golds(answerable))["f1"])
         model = cls(idf, best)
         if not no_answer:
             return model
         spans, missing = model.spans(train)
-        golds = {row["id"]: row["answers"]["text"] for row in train}
-        chosen = best_no_answer_threshold(spans, golds, missing)
+        gold = golds(train)
+        chosen = best_no_answer_threshold(spans, gold, missing)
         # The script's threshold is 0.0 also where answering nothing is best (its best is then the share
         # of unanswerable questions, exactly); 0.0 would still answer the questions missing no word.
-        nothing = chosen["best_f1"] == sum(1 for answers in golds.values() if not answers) / len(golds)
+        nothing = chosen["best_f1"] == sum(1 for answers in gold.values() if not answers) / len(gold)
         model.threshold = -math.inf if nothing else chosen["best_f1_threshold"]
         return model
 
-    def answers(self, rows: Sequence[dict[str, Any]]) -> dict[str, str]:
-        """{question id: answer text, "" for no answer}."""
-        spans, missing = self.spans(rows)
+    def answers(self, questions: Sequence[QAQuestion]) -> dict[str, str]:
+        """{question id: answer text, "" for no answer}, for lib.metrics.squad_scores with span_qa.golds."""
+        spans, missing = self.spans(questions)
         return spans if self.threshold is None else apply_no_answer_threshold(spans, missing, self.threshold)
 
-    def spans(self, rows: Sequence[dict[str, Any]]) -> tuple[dict[str, str], dict[str, float]]:
+    def spans(self, questions: Sequence[QAQuestion]) -> tuple[dict[str, str], dict[str, float]]:
         """({id: best span}, {id: no-answer score, the share of question weight the sentence misses})."""
         spans, missing = {}, {}
-        for row in rows:
-            question = {w for w in _words(row["question"]) if w not in ENGLISH_STOP_WORDS}
-            weight = self._overlap(question, question)
-            sentences = _sentences(row["context"])
-            scored = [(self._overlap(question, (w for w, _, _ in words)), words) for words in sentences]
+        for item in questions:
+            asked = {w for w in _words(item.question) if w not in ENGLISH_STOP_WORDS}
+            weight = self._overlap(asked, asked)
+            sentences = _sentences(item.context)
+            scored = [(self._overlap(asked, (w for w, _, _ in words)), words) for words in sentences]
             shared, sentence = max(scored, key=lambda pair: pair[0], default=(0.0, []))
-            start, end = self._window(sentence, question)
-            spans[row["id"]] = row["context"][start:end]
-            missing[row["id"]] = 1.0 - shared / weight if weight else 1.0
+            start, end = self._window(sentence, asked)
+            spans[item.id] = item.context[start:end]
+            missing[item.id] = 1.0 - shared / weight if weight else 1.0
         return spans, missing
 
     def _idf(self, word: str) -> float:
