@@ -10,10 +10,12 @@
   does for classification). Its raw output is read as a standardised score: prediction = raw * std +
   mean, with the train targets' mean and std stored in the head. A freshly initialised head then
   predicts about the mean, and its weights need the same small scale as a classifier's to reach ±1
-  std, so the learning rate that finetunes a classifier also fits 0-5 targets (a head that had to grow
-  a bias of 2.7 from 0 spends its first steps doing that). The loss is MSE in label units; AdamW
-  normalises the gradient's scale, so standardising the loss as well would change nothing but its
-  printed value.
+  std, so the learning rate that finetunes a classifier also fits 0-5 targets. Unstandardised, the
+  head starts near 0, and at 2e-5 AdamW moves its bias by at most about 2e-5 a step: the encoder
+  must bend to reach train's mean of 2.7. Measured on STS-B (MiniLM-L6's [CLS] state, 100 steps of 32 pairs at 2e-5,
+  one seed): validation Pearson 0.809 / Spearman 0.816 / RMSE 0.96 standardised, 0.673 / 0.576 / 1.23
+  not. The loss is MSE in label units; AdamW normalises the gradient's scale, so standardising the
+  loss as well would change little but its printed value (and how soon clip_norm clips).
 """
 from __future__ import annotations
 
