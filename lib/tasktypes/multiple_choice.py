@@ -1,0 +1,125 @@
+"""Multiple choice, as BERT finetunes SWAG: score each (context, ending) sequence, softmax over the endings.
+
+- Rows become `Question(context, endings, label)`. Every question of a task has the same number of
+  endings, `n_choices`: given, or that of the first row read (the caller passes the train split's
+  count on to its evaluation splits). A row with another count, a label that is not an index of its
+  endings, or an empty text is skipped and counted by reason: one malformed row should not stop a run,
+  and a ragged batch could not be a (B, n_choices, T) tensor.
+- Each choice is encoded as its own pair by `lib.tasks.encode`, `[bos] context [eos] ending [eos]`,
+  segment 0 then 1, cut longest-first to max_len (so a long context gives way before a short ending).
+  A feature holds its question's n_choices sequences; a batch pads all of them to its longest one.
+- The caller runs the encoder on the (B * n_choices, T) flattened batch and pools each sequence, as
+  for classification; the head scores each pooled state with one linear layer d -> 1, and the loss is
+  cross-entropy over a question's scores (B, n_choices): the choices compete, as in BERT's SWAG head
+  (Devlin et al. 2019, section 4.4), rather than each being judged right or wrong on its own.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lib.tasks import encode as encode_texts
+
+
+class Question(NamedTuple):
+    context: str
+    endings: list[str]
+    label: int  # index of the right ending
+
+
+@dataclass
+class Choices:
+    ids: list[list[int]]  # per choice: token ids, special tokens included
+    segments: list[list[int]]  # per choice: 0 for [bos] context [eos], 1 for ending [eos]
+    label: int
+
+
+def read_rows(rows: Iterable[dict[str, Any]], n_choices: int | None = None, *, context_field: str = "startphrase",
+              endings_field: str = "endings", label_field: str = "label") -> tuple[list[Question], Counter]:
+    """(items, skipped rows by reason). n_choices None takes the count of the first row with a list of
+    endings. Reasons: empty_text (the context or an ending is not a non-empty string), endings_not_a_list,
+    n_choices (another number of endings), label_not_an_int (null, bool, float, string), label_out_of_range."""
+    items, skipped = [], Counter()
+    for row in rows:
+        context, endings, label = row.get(context_field), row.get(endings_field), row.get(label_field)
+        if not isinstance(endings, list):
+            skipped["endings_not_a_list"] += 1
+            continue
+        n_choices = len(endings) if n_choices is None else n_choices
+        if len(endings) != n_choices:
+            skipped["n_choices"] += 1
+        elif not all(isinstance(text, str) and text.strip() for text in (context, *endings)):
+            skipped["empty_text"] += 1
+        elif type(label) is not int:  # not isinstance: True is an int, and "1" is likely the wrong field
+            skipped["label_not_an_int"] += 1
+        elif not 0 <= label < n_choices:
+            skipped["label_out_of_range"] += 1
+        else:
+            items.append(Question(context, endings, label))
+    return items, skipped
+
+
+def encode(items: list[Question], tokenizer, special: dict[str, int], max_len: int,
+           truncation: str) -> tuple[list[Choices], int]:
+    """(features, number of choice sequences truncated): each (context, ending) pair laid out by
+    lib.tasks.encode (`special`: role -> id), grouped per question in the order of its endings. One
+    encode call for all pairs: the tokenizer batches them across threads."""
+    contexts = [item.context for item in items for _ in item.endings]
+    endings = [ending for item in items for ending in item.endings]
+    ids, segments, truncated = encode_texts(tokenizer, contexts, endings, max_len, truncation,
+                                            special["bos"], special["eos"])
+    features, start = [], 0
+    for item in items:
+        end = start + len(item.endings)
+        features.append(Choices(ids[start:end], segments[start:end], item.label))
+        start = end
+    return features, truncated
+
+
+def collate(features: list[Choices], pad_id: int) -> dict[str, torch.Tensor]:
+    """One batch, every choice padded on the right to the batch's longest sequence: input_ids,
+    segment_ids (B, n_choices, T) long, attention_mask (B, n_choices, T) bool, labels (B,) long."""
+    n_choices = len(features[0].ids)
+    if any(len(f.ids) != n_choices for f in features):
+        raise ValueError(f"every question of a batch needs {n_choices} choices")
+    width = max(len(seq) for f in features for seq in f.ids)
+    shape = (len(features), n_choices, width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    segment_ids = torch.zeros(shape, dtype=torch.long)
+    attention_mask = torch.zeros(shape, dtype=torch.bool)
+    for row, feature in enumerate(features):
+        for choice, (ids, segments) in enumerate(zip(feature.ids, feature.segments)):
+            input_ids[row, choice, :len(ids)] = torch.tensor(ids)
+            segment_ids[row, choice, :len(ids)] = torch.tensor(segments)
+            attention_mask[row, choice, :len(ids)] = True
+    labels = torch.tensor([f.label for f in features], dtype=torch.long)
+    return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class Head(nn.Module):
+    """Dropout and a linear layer d -> 1 on each choice's pooled state: (B, n_choices, d) -> (B, n_choices)
+    scores. The caller pools the encoder's states of the batch flattened to (B * n_choices, T) and views
+    them back as (B, n_choices, d)."""
+
+    def __init__(self, d_model: int, dropout: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(d_model, 1)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.dropout(pooled)).squeeze(-1)
+
+
+def loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy of the right choice among each question's choices (in float32)."""
+    return F.cross_entropy(scores.float(), batch["labels"])
+
+
+def decode(scores: torch.Tensor) -> list[int]:
+    """The index of each question's highest-scored choice (the first on a tie, as choice_accuracy)."""
+    return scores.detach().argmax(dim=-1).cpu().tolist()

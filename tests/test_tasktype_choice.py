@@ -1,0 +1,120 @@
+"""SWAG-style multiple choice: malformed rows are counted skips, each question's choices are encoded as
+lib.tasks pairs and batched as (B, n_choices, T), and the loss makes the choices compete."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lib.config import TokenizerConfig
+from lib.metrics import choice_accuracy
+from lib.tasks import encode as encode_texts
+from lib.tasktypes.multiple_choice import Head, Question, collate, decode, encode, loss, read_rows
+from lib.tokenizer import train_tokenizer
+from tests.tasktype_helpers import one_thread  # noqa: F401
+
+SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+WORDS = "the chicken cannot fly it he she went home crosses road flies sold couches dog days of summer".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    rng = random.Random(0)
+    texts = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10))) for _ in range(200))
+    return train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=400, min_frequency=1),
+                           tmp_path_factory.mktemp("choice") / "tokenizer")
+
+
+def row(endings: list | str = ("flies", "crosses the road", "sold couches", "went home"), label=1,
+        context: str | None = "The chicken cannot fly. It") -> dict:
+    return {"startphrase": context, "endings": list(endings) if isinstance(endings, tuple) else endings,
+            "label": label}
+
+
+def test_malformed_rows_are_counted_skips():
+    rows = [row(), row(endings=["flies", "went home"]), row(label=4), row(label=-1), row(label="1"),
+            row(label=True), row(label=None), row(endings="flies"), row(context=" "),
+            row(endings=["flies", "", "sold couches", "went home"]), row(label=3)]
+    items, skipped = read_rows(rows)
+    assert [item.label for item in items] == [1, 3]
+    assert items[0] == Question("The chicken cannot fly. It", ["flies", "crosses the road", "sold couches",
+                                                                "went home"], 1)
+    assert skipped == {"n_choices": 1, "label_out_of_range": 2, "label_not_an_int": 3, "endings_not_a_list": 1,
+                       "empty_text": 2}
+
+
+def test_n_choices_comes_from_the_first_row_or_is_given():
+    three = row(endings=["a", "b", "c"], label=2)
+    assert read_rows([three, row()])[1] == {"n_choices": 1}  # the first row sets 3
+    items, skipped = read_rows([three, row()], n_choices=4)
+    assert len(items) == 1 and len(items[0].endings) == 4 and skipped == {"n_choices": 1}
+
+
+def test_choices_are_pairs_grouped_and_padded(tokenizer):
+    items = [Question("the chicken cannot fly it", ["flies", "crosses the road", "sold couches", "went home"], 1),
+             Question("the dog", ["went home", "flies", "sold the couches of summer days", "crosses"], 2),
+             Question("she", ["flies", "sold", "went", "crosses the road home"], 3)]
+    features, truncated = encode(items, tokenizer, SPECIAL, 64, "head")
+    assert truncated == 0 and [f.label for f in features] == [1, 2, 3]
+    for item, feature in zip(items, features):
+        ids, segments, _ = encode_texts(tokenizer, [item.context] * 4, item.endings, 64, "head", 2, 3)
+        assert feature.ids == ids and feature.segments == segments  # [bos] context [eos] ending [eos]
+    batch = collate(features, pad_id=SPECIAL["pad"])
+    width = max(len(seq) for f in features for seq in f.ids)
+    for name in ("input_ids", "segment_ids", "attention_mask"):
+        assert batch[name].shape == (3, 4, width)
+    assert batch["attention_mask"].dtype == torch.bool and batch["labels"].tolist() == [1, 2, 3]
+    for b, feature in enumerate(features):
+        for c, ids in enumerate(feature.ids):
+            assert batch["input_ids"][b, c, :len(ids)].tolist() == ids
+            assert (batch["input_ids"][b, c, len(ids):] == SPECIAL["pad"]).all()
+            assert batch["attention_mask"][b, c].sum().item() == len(ids)
+    assert encode(items, tokenizer, SPECIAL, 6, "head")[1] > 0  # sequences cut to max_len are counted
+
+
+def test_head_scores_each_choice_and_perfect_scores_are_accurate():
+    head = Head(8, dropout=0.0)
+    scores = head(torch.randn(5, 4, 8))
+    assert scores.shape == (5, 4)
+    labels = torch.tensor([0, 3, 1, 2, 3])
+    perfect = torch.nn.functional.one_hot(labels, 4).float()
+    assert decode(perfect) == labels.tolist()
+    assert choice_accuracy(perfect, labels) == 1.0
+
+
+def test_the_gradient_raises_the_right_choice_and_lowers_the_others():
+    scores = torch.zeros(2, 4, requires_grad=True)
+    batch = {"labels": torch.tensor([2, 0])}
+    value = loss(scores, batch)
+    assert value.item() == pytest.approx(torch.log(torch.tensor(4.0)).item())  # uniform over 4 choices
+    value.backward()
+    descent = -scores.grad
+    for b, label in enumerate(batch["labels"].tolist()):
+        assert descent[b, label] > 0
+        assert all(descent[b, c] < 0 for c in range(4) if c != label)
+
+
+def test_a_tiny_backbone_with_the_head_learns_the_right_endings(tokenizer, one_thread):
+    """The batch flattened to (B * n_choices, T) through a real backbone, [bos] states viewed back as
+    (B, n_choices, d): a few steps fit three questions exactly."""
+    from lib.model import Transformer, TransformerConfig
+
+    items = [Question("the chicken cannot fly it", ["flies", "crosses the road", "sold couches", "went home"], 1),
+             Question("the dog", ["went home", "flies", "sold the couches", "crosses"], 2),
+             Question("she", ["flies", "sold", "went", "crosses the road home"], 0)]
+    features, _ = encode(items, tokenizer, SPECIAL, 64, "head")
+    batch = collate(features, SPECIAL["pad"])
+    B, C, T = batch["input_ids"].shape
+    torch.manual_seed(0)
+    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+                                             d_ff=64, dropout=0.0, max_positions=64))
+    head = Head(32, dropout=0.0)
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
+    for _ in range(30):
+        hidden = backbone(*(batch[name].view(B * C, T) for name in ("input_ids", "segment_ids", "attention_mask")))
+        scores = head(hidden[:, 0].view(B, C, -1))
+        optimizer.zero_grad()
+        loss(scores, batch).backward()
+        optimizer.step()
+    assert decode(scores) == [1, 2, 0]

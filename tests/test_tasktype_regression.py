@@ -1,0 +1,122 @@
+"""STS-B-style regression: bad labels are counted skips, the pair layout is lib.tasks', batches pad to
+their longest example, the head predicts around the train mean, and correlations of perfect predictions."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from lib.config import TokenizerConfig
+from lib.errors import UserError
+from lib.metrics import pearson, spearman
+from lib.tasks import encode as encode_texts
+from lib.tasktypes.regression import Head, Scored, collate, decode, encode, loss, read_rows, target_scale
+from lib.tokenizer import train_tokenizer
+from tests.tasktype_helpers import one_thread  # noqa: F401
+
+SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+WORDS = "a man woman is playing the guitar flute dog runs on grass cat sleeps sofa".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    rng = random.Random(0)
+    texts = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10))) for _ in range(200))
+    return train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=400, min_frequency=1),
+                           tmp_path_factory.mktemp("regression") / "tokenizer")
+
+
+def row(label, a: str = "a man is playing", b: str = "a man plays") -> dict:
+    return {"sentence1": a, "sentence2": b, "label": label}
+
+
+def test_bad_labels_are_counted_not_raised():
+    rows = [row(3.8), row("2.5"), row(4), row("high"), row(None), row(math.nan), row("nan"), row(True),
+            row([1.0]), row(10**400), row(-1), row(1.0, b="  ")]
+    items, skipped = read_rows(rows)
+    assert items == [Scored("a man is playing", "a man plays", v) for v in (3.8, 2.5, 4.0)]
+    assert skipped == {"label_not_a_number": 3, "label_missing": 1, "label_not_finite": 3, "unlabeled": 1,
+                       "empty_text": 1}
+    # -1 is a score where the scale allows it
+    assert [item.value for item in read_rows([row(-1)], unlabeled=None)[0]] == [-1.0]
+
+
+def test_encode_is_the_pair_layout_of_lib_tasks(tokenizer):
+    items = [Scored("a man is playing the guitar", "a man plays", 3.0), Scored("a dog runs", "a cat sleeps", 0.5)]
+    examples, truncated = encode(items, tokenizer, SPECIAL, 64, "head")
+    ids, segments, _ = encode_texts(tokenizer, [i.a for i in items], [i.b for i in items], 64, "head", 2, 3)
+    assert [e.ids for e in examples] == ids and [e.segments for e in examples] == segments
+    assert [e.value for e in examples] == [3.0, 0.5] and truncated == 0
+    assert encode(items, tokenizer, SPECIAL, 6, "head")[1] == 2
+
+
+def test_collate_pads_to_the_longest_with_float_labels(tokenizer):
+    items = [Scored("a man", "a dog", 1.0), Scored("a man is playing the guitar on the grass", "a cat", 4.5)]
+    examples, _ = encode(items, tokenizer, SPECIAL, 64, "head")
+    batch = collate(examples, pad_id=SPECIAL["pad"])
+    width = max(len(e.ids) for e in examples)
+    assert batch["input_ids"].shape == batch["segment_ids"].shape == batch["attention_mask"].shape == (2, width)
+    assert batch["labels"].dtype == torch.float32 and batch["labels"].tolist() == [1.0, 4.5]
+    short = len(examples[0].ids)
+    assert batch["attention_mask"][0].tolist() == [True] * short + [False] * (width - short)
+    assert (batch["input_ids"][0, short:] == SPECIAL["pad"]).all()
+
+
+def test_head_standardisation_round_trip():
+    """The linear layer's output is a standardised score: 0 is the train mean, 1 one std above it."""
+    items = [Scored("a", "b", v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    mean, std = target_scale(items, "tasks.stsb")
+    assert (mean, std) == pytest.approx((3.0, math.sqrt(2.0)))
+    head = Head(4, mean, std, dropout=0.0)
+    with torch.no_grad():
+        head.linear.weight.zero_()
+        head.linear.bias.zero_()
+        assert decode(head(torch.randn(3, 4))) == pytest.approx([3.0] * 3)  # a zero head predicts the mean
+        head.linear.weight.copy_(torch.tensor([[1.0, 0, 0, 0]]))
+        standardised = torch.tensor([-1.5, 0.0, 2.0])
+        pooled = torch.zeros(3, 4)
+        pooled[:, 0] = standardised
+        assert decode(head(pooled)) == pytest.approx((standardised * std + mean).tolist())
+    # the scale travels with the weights
+    loaded = Head(4)
+    loaded.load_state_dict(head.state_dict())
+    assert (loaded.mean.item(), loaded.std.item()) == pytest.approx((mean, std))
+
+
+def test_constant_targets_are_a_user_error():
+    with pytest.raises(UserError, match="tasks.stsb: every train label is 2.0"):
+        target_scale([Scored("a", "b", 2.0)] * 3, "tasks.stsb")
+
+
+def test_loss_is_mse_and_perfect_predictions_correlate_fully():
+    labels = torch.tensor([0.0, 1.2, 3.4, 5.0])
+    batch = {"labels": labels}
+    assert loss(labels.clone(), batch).item() == 0.0
+    assert loss(labels + 1.0, batch).item() == pytest.approx(1.0)
+    assert pearson(decode(labels), labels) == pytest.approx(1.0)
+    assert spearman(decode(labels), labels) == pytest.approx(1.0)
+
+
+def test_a_tiny_backbone_with_the_head_fits_the_scores(tokenizer, one_thread):
+    """The head on a real backbone's [bos] state: a few steps fit four pairs' scores closely."""
+    from lib.model import Transformer, TransformerConfig
+
+    items = [Scored("a man is playing the guitar", "a man plays the guitar", 4.8),
+             Scored("a dog runs on the grass", "a cat sleeps on the sofa", 0.4),
+             Scored("a woman is playing the flute", "a man is playing the guitar", 1.6),
+             Scored("a cat sleeps", "the cat sleeps on a sofa", 3.5)]
+    examples, _ = encode(items, tokenizer, SPECIAL, 64, "head")
+    batch = collate(examples, SPECIAL["pad"])
+    torch.manual_seed(0)
+    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+                                             d_ff=64, dropout=0.0, max_positions=64))
+    head = Head(32, *target_scale(items, "tasks.stsb"), dropout=0.0)
+    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
+    for _ in range(40):
+        scores = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])[:, 0])
+        optimizer.zero_grad()
+        loss(scores, batch).backward()
+        optimizer.step()
+    assert decode(scores) == pytest.approx([item.value for item in items], abs=0.3)
