@@ -34,6 +34,7 @@ import torch
 from lib.config import TaskConfig
 from lib.errors import UserError
 from lib.sources import read_rows, split_columns
+from lib.tokenizer import check_plain
 
 TRUNCATIONS = ("head", "tail", "head_tail")
 SORT_CHUNK = 50  # shuffled batches sort by length within chunks of this many batches
@@ -73,6 +74,7 @@ def encode(tokenizer, texts_a: list[str], texts_b: list[str] | None, max_len: in
     odd one when both are cut to the same length), each side cut by `truncation`."""
     if truncation not in TRUNCATIONS:
         raise ValueError(f"truncation '{truncation}' is not one of {TRUNCATIONS}")
+    check_plain(tokenizer)
     # Special tokens are placed here rather than by the tokenizer's post-processor, whose template
     # would count towards no budget and may differ between tokenizers.
     encoded_a = [e.ids for e in tokenizer.encode_batch(texts_a, add_special_tokens=False)]

@@ -224,6 +224,14 @@ def write_folder(tokenizer: Tokenizer, named: dict[str, str], out_dir: Path, met
         "special_tokens": {role: {"token": named[role], "id": tokenizer.token_to_id(named[role])} for role in ROLES}})
 
 
+def check_plain(tokenizer: Tokenizer) -> None:
+    """Positions are counted on the tokenizer's output: one that pads or truncates on its own (a
+    sentence-transformers tokenizer.json pads to 128) would miscount every one. lib.hf.import_tokenizer
+    and the tokenizers trained here do neither."""
+    if tokenizer.padding is not None or tokenizer.truncation is not None:
+        raise ValueError("the tokenizer pads or truncates; call no_padding() and no_truncation() first")
+
+
 def load_tokenizer(tokenizer_dir: str | Path) -> Tokenizer:
     """The Tokenizer saved by `train_tokenizer` in `tokenizer_dir`."""
     path = Path(tokenizer_dir) / TOKENIZER_FILE

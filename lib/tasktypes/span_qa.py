@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.errors import UserError
+from lib.tokenizer import check_plain
 
 NO_ANSWER = 0  # the [bos] position: the target and the score of "no answer"
 
@@ -130,7 +131,7 @@ def encode(questions: Sequence[Question], tokenizer, special: dict[str, int], ma
         raise UserError(f"{key}: max_len {max_len} leaves {context_len} context tokens per window after a "
                         f"{max_question_len}-token question and 3 specials, not more than stride {stride}; "
                         "raise max_len or lower stride or max_question_len")
-    _check_plain(tokenizer)
+    check_plain(tokenizer)
     contexts = list(dict.fromkeys(q.context for q in questions))  # contexts are shared: encode each once
     encoded = dict(zip(contexts, tokenizer.encode_batch(contexts, add_special_tokens=False)))
     spans = {context: [_trim(context, *span) for span in encoded[context].offsets] for context in contexts}
@@ -162,13 +163,6 @@ def _window(question: int, prefix: list[int], context_ids: list[int], offsets: l
     return Window(question=question, ids=[*prefix, *context_ids[begin:end], eos_id],
                   segments=[0] * len(prefix) + [1] * (end - begin + 1),
                   offsets=[None] * len(prefix) + offsets[begin:end] + [None], start=start, end=stop)
-
-
-def _check_plain(tokenizer) -> None:
-    """A tokenizer.json may pad or truncate on its own (sentence-transformers' pad to 128), which would
-    miscount every position; lib.hf.import_tokenizer and lib.tokenizer's tokenizers do neither."""
-    if tokenizer.padding is not None or tokenizer.truncation is not None:
-        raise ValueError("the tokenizer pads or truncates; call no_padding() and no_truncation() first")
 
 
 def _trim(context: str, start: int, end: int) -> tuple[int, int] | None:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.errors import UserError
+from lib.tokenizer import check_plain
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
 OUTSIDE = "O"
@@ -89,7 +90,7 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
     """(features, counts: "sentences", "words", "truncated" sentences, "cut_words", "unk_words" without a
     subword of their own). `tag_names`: index -> tag, the tag_set of the train sentences or names fixed by
     the task's config. Raises UserError, naming `key`, on a tag outside `tag_names`."""
-    _check_plain(tokenizer)
+    check_plain(tokenizer)
     index = {tag: i for i, tag in enumerate(tag_names)}
     spaced = _byte_level(tokenizer)
     words = [[word if i == 0 or not spaced else f" {word}" for i, word in enumerate(s.words)] for s in sentences]
@@ -120,13 +121,6 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
         counts["cut_words"] += len(sentence.words) - len(starts)
         counts["truncated"] += len(starts) < len(sentence.words)
     return features, counts
-
-
-def _check_plain(tokenizer) -> None:
-    """A tokenizer.json may pad or truncate on its own (sentence-transformers' pad to 128), which would
-    miscount every position; lib.hf.import_tokenizer and lib.tokenizer's tokenizers do neither."""
-    if tokenizer.padding is not None or tokenizer.truncation is not None:
-        raise ValueError("the tokenizer pads or truncates; call no_padding() and no_truncation() first")
 
 
 def _byte_level(tokenizer) -> bool:
