@@ -579,7 +579,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                    intermediate_size=64)).save_pretrained(checkpoint)
     out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm",
-              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-n", "init")
+              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-S", "finetune.tasks=[sst2]",
+              "-S", "distill.tasks=[sst2]", "-n", "init")  # one task: every variant, each on the checkpoint
     assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
     assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
     assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
@@ -595,7 +596,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     assert adapted["model_type"] == "bert" and adapted["architectures"] == ["BertForMaskedLM"]
     assert (ours["d_model"], ours["norm"], ours["norm_eps"], ours["pooler"]) == (32, "post", 1e-12, True)
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
-    assert set(finetune["imdb"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert set(finetune) == {"sst2"} and set(finetune["sst2"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert set(json.loads((repo / "metrics/distill.json").read_text())) == {"sst2"}
     assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
     assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
            "with mlm" in (repo / "reports/summary.md").read_text()
