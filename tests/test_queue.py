@@ -15,11 +15,8 @@ def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "baseline")
     for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
-        # finetune.lr is the ulmfit variant's: the other variants, which it would not change, are left out, and
-        # one task (sst2) is finetuned, distilled and exported to ONNX instead of two: the stages that rerun are
-        # the same, each experiment's finetune, distill and evaluate
-        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}", "-S", "finetune.variants=[ulmfit]",
-            "-S", "finetune.tasks=[sst2]", "-S", "distill.tasks=[sst2]")
+        # finetune.lr is the ulmfit variant's: the other variants, which it would not change, are left out
+        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}", "-S", "finetune.variants=[ulmfit]")
     out = run(repo, "dvc", "exp", "run", "--run-all", "-j", "2")
     assert out.count("Running stage 'finetune'") == 2 and "Running stage 'pretrain'" not in out
     assert out.count("shared by 2 queue workers") >= 2  # torch's threads divided between the two (lib/runtime.py)
@@ -27,9 +24,7 @@ def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
     shown = json.loads(run(repo, "dvc", "exp", "show", "--json"))
     experiments = {e["name"]: e for baseline in shown for e in (baseline.get("experiments") or [])}
     for name in ("lr-low", "lr-high"):
-        metrics = experiments[name]["revs"][0]["data"]["metrics"]
-        assert metrics["metrics/evaluate.json"]["data"], name
-        assert set(metrics["metrics/finetune.json"]["data"]) == set(metrics["metrics/distill.json"]["data"]) == {"sst2"}
+        assert experiments[name]["revs"][0]["data"]["metrics"]["metrics/evaluate.json"]["data"], name
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("transfer-pipeline")
     for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
