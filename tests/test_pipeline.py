@@ -451,18 +451,9 @@ def test_a_stage_killed_and_rerun_ends_like_an_uninterrupted_run(repo, tmp_path,
         return [sys.executable, "-m", f"stages.{stage}", "--params", str(params_file), *inputs,
                 *[arg if arg.startswith("--") else str(tmp_path / name / arg) for arg in outputs]]
 
-    # the two uninterrupted runs side by side (they share nothing but their inputs): much of a tiny stage's
-    # time is its start, one core's work
-    whole_and_again = [subprocess.Popen(command(name), cwd=repo, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True) for name in ("whole", "again")]
-    try:
-        for done in whole_and_again:
-            _, err = done.communicate(timeout=600)
-            assert done.returncode == 0, err[-3000:]
-    finally:
-        for done in whole_and_again:
-            if done.poll() is None:
-                done.kill()
+    for name in ("whole", "again"):
+        done = subprocess.run(command(name), cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     seed = int(os.environ.get("KILL_SEED", random.randrange(10**6)))
     rng = random.Random(seed)
     for point in (rng.choice(points), points[0]):  # a run that ends first is killed sooner
