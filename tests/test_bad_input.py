@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -164,9 +165,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input(project, tmp_path, case):
-    repo = project
+def run_case(repo: Path, case: Case, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Case `case` run in `tmp_path`: the stage's process, and the folder its outputs went to."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
     raw = repo / "data" / "raw"
     if case.data:  # an edited copy of the mirror, read by the data stage, unless the case is the data stage's
@@ -206,6 +206,27 @@ def test_bad_input(project, tmp_path, case):
                               cwd=repo, env=env(), capture_output=True, text=True, timeout=600)
     else:
         done = stage(repo, case.stage, params_file, out, raw)
+    return done, out
+
+
+@pytest.fixture(scope="module")
+def ran(project, request, tmp_path_factory):
+    """The cases this session runs, started on their first use two at a time (each stage process runs on one
+    thread, and much of it is the import of its libraries, on one core): case name -> future of its
+    run_case. Every case runs in a folder and processes of its own, and its test checks its result."""
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if item.module is request.module and item.originalname == "test_bad_input"]
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        yield {case.name: pool.submit(run_case, project, case, tmp_path_factory.mktemp("case"))
+               for case in selected}
+    finally:
+        pool.shutdown(cancel_futures=True)  # a session stopped early starts no more cases
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(ran, case):
+    done, out = ran[case.name].result()
     if case.error is None:
         assert done.returncode == 0, done.stderr[-2000:]
         case.check(json.loads((out / "m.json").read_text()))

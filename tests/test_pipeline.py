@@ -1,5 +1,6 @@
 """End to end as a user runs it: `dvc repro` in a copy of the repo on tiny slices of the real data, with
 the default `impl` settings (precision, compile, threads), the tiny copy standing in for the mirror."""
+import copy
 import gzip
 import json
 import math
@@ -499,7 +500,57 @@ def stage_args(stage: str, params_file: Path, inputs: list[str], out: Path) -> l
             "--metrics", str(out / "metrics.json"), "--plots", str(out / "plots"), "--checkpoints", str(out / "ckpt")]
 
 
-def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path):
+def start_distributable(repo: Path, stage: str, params: dict, nproc: int, strategy: str,
+                        folder: Path) -> tuple[subprocess.Popen, Path]:
+    """`stage` started with `params` on impl.nproc `nproc` processes, its params file in `folder` and its
+    outputs and MLflow store (tracking on, torchrun on PATH) in folder/<nproc><strategy>/: the process and
+    that folder. Each run has a store of its own, so runs side by side never race to create one."""
+    inputs = KILLS[stage][0]
+    params = copy.deepcopy(params)
+    params["impl"].update(nproc=nproc, strategy=strategy)
+    params_file = folder / f"params{nproc}{strategy}.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    out = folder / f"{nproc}{strategy}"
+    out.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{out / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, *stage_args(stage, params_file, inputs, out)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out
+
+
+def finish_distributable(process: subprocess.Popen, out: Path) -> tuple[dict, str, Path]:
+    """A run of start_distributable, once it has written its model and removed its checkpoints: its
+    metrics, its stdout and its folder."""
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    assert any((out / "model").iterdir()) and not (out / "ckpt").exists()
+    return json.loads((out / "metrics.json").read_text()), stdout, out
+
+
+def distributable_runs(repo: Path, stage: str, params: dict, runs: list[tuple[int, str]],
+                       folder: Path) -> dict[tuple[int, str], tuple[dict, str, Path]]:
+    """The `runs` ((nproc, strategy) pairs) of `stage`, side by side (a tiny stage's time is mostly the
+    start of its processes, which take a core each): finish_distributable of each."""
+    started = {run: start_distributable(repo, stage, params, *run, folder) for run in runs}
+    try:
+        return {run: finish_distributable(*started[run]) for run in runs}
+    finally:
+        for process, _ in started.values():
+            if process.poll() is None:
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def pretrain_one_process(repo, tmp_path_factory) -> tuple[dict, str, Path]:
+    """pretrain on one process (impl.nproc 1) with the distributable params: the reference that the
+    two-node and the torchrun pretrain tests, which run next to each other on the workspace as it then is,
+    compare with (run once for both). finish_distributable's metrics, stdout and folder."""
+    repo, _, _ = repo
+    return distributable_runs(repo, "pretrain", distributable_params(repo, "pretrain"), [(1, "ddp")],
+                              tmp_path_factory.mktemp("pretrain_one_process"))[1, "ddp"]
+
+
+def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path, pretrain_one_process):
     """Multi-node as torchrun does it: two launchers of one process each (on this machine, standing in
     for two nodes that share a file system) meet at a c10d rendezvous, the stage runs as their two
     ranks and reaches the one-process validation loss, and one rank writes the outputs."""
@@ -510,9 +561,6 @@ def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    single = subprocess.run([sys.executable, *stage_args("pretrain", params_file, inputs, tmp_path / "one")],
-                            cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-3000:]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -524,47 +572,38 @@ def test_two_nodes_meet_at_a_rendezvous(repo, tmp_path):
     for node in nodes:
         _, err = node.communicate(timeout=600)
         assert node.returncode == 0, err[-3000:]
-    one, two = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    one, two = pretrain_one_process[0], json.loads((tmp_path / "two" / "metrics.json").read_text())
     assert two["tokens_seen"] == one["tokens_seen"] and two["steps"] == one["steps"]
     assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4)
     assert (tmp_path / "two" / "model" / "model.safetensors").is_file() and not (tmp_path / "two" / "ckpt").exists()
 
 
 @pytest.mark.parametrize("stage", KILLS)
-def test_a_training_stage_under_torchrun(repo, tmp_path, stage):
+def test_a_training_stage_under_torchrun(repo, tmp_path, stage, request):
     """impl.nproc: 2 relaunches the stage under torchrun (gloo on CPU): two ranks, one MLflow run, one set
     of outputs, replicated (DDP) and sharded (FSDP2); pretraining (no dropout) reaches the one-process
-    validation loss with the same global batch."""
+    validation loss with the same global batch (its one-process run is the rendezvous test's too). The
+    runs go side by side, each with its own outputs and MLflow store."""
     repo, _, _ = repo
-    inputs = KILLS[stage][0]
     params = distributable_params(repo, stage)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "OMP_NUM_THREADS": "1"}
-    metrics = {}
     runs = [(1, "ddp"), (2, "ddp"), (2, "fsdp")]
+    done = {(1, "ddp"): request.getfixturevalue("pretrain_one_process")} if stage == "pretrain" else {}
+    done.update(distributable_runs(repo, stage, params, [run for run in runs if run not in done], tmp_path))
+    one = done[1, "ddp"][0]
     for nproc, strategy in runs:
-        params["impl"].update(nproc=nproc, strategy=strategy)
-        params_file = tmp_path / f"params{nproc}{strategy}.yaml"
-        params_file.write_text(yaml.safe_dump(params))
-        out = tmp_path / f"{nproc}{strategy}"
-        done = subprocess.run([sys.executable, *stage_args(stage, params_file, inputs, out)],
-                              cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        metrics[nproc, strategy] = json.loads((out / "metrics.json").read_text())
-        assert any((out / "model").iterdir()) and not (out / "ckpt").exists()
-        assert nproc == 1 or f"running under torchrun with {strategy}" in done.stdout
-        one, this = metrics[1, "ddp"], metrics[nproc, strategy]
+        this, stdout, out = done[nproc, strategy]
+        assert nproc == 1 or f"running under torchrun with {strategy}" in stdout
         assert keys(this) == keys(one)
         if stage in ("pretrain", "adapt"):
-            assert done.stdout.count("validation") == this["steps"] // params[stage]["eval_every"] + (stage == "adapt")
+            assert stdout.count("validation") == this["steps"] // params[stage]["eval_every"] + (stage == "adapt")
             assert this["tokens_seen"] == one["tokens_seen"]
         if stage == "pretrain":
             assert this["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4)
-    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    found = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
-                               filter_string=f"tags.stage = '{stage}'")
-    tracked = [r for r in found if r.data.tags.get("pipeline.role") == "stage"]
-    assert len(tracked) == len(runs)  # one per execution, none from rank 1
+        client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+        found = client.search_runs([client.get_experiment_by_name("transfer-pipeline").experiment_id],
+                                   filter_string=f"tags.stage = '{stage}'")
+        tracked = [r for r in found if r.data.tags.get("pipeline.role") == "stage"]
+        assert len(tracked) == 1, (nproc, strategy)  # one per execution, none from rank 1
 
 
 def test_init_experiment_starts_from_a_checkpoint(repo):
@@ -579,7 +618,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                    intermediate_size=64)).save_pretrained(checkpoint)
     out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm",
-              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-n", "init")
+              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-S", "finetune.tasks=[sst2]",
+              "-S", "distill.tasks=[sst2]", "-n", "init")  # one task: every variant, each on the checkpoint
     assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
     assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
     assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
@@ -595,7 +635,8 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     assert adapted["model_type"] == "bert" and adapted["architectures"] == ["BertForMaskedLM"]
     assert (ours["d_model"], ours["norm"], ours["norm_eps"], ours["pooler"]) == (32, "post", 1e-12, True)
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
-    assert set(finetune["imdb"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert set(finetune) == {"sst2"} and set(finetune["sst2"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert set(json.loads((repo / "metrics/distill.json").read_text())) == {"sst2"}
     assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
     assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
            "with mlm" in (repo / "reports/summary.md").read_text()
