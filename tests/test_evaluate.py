@@ -45,6 +45,14 @@ def test_zero_shot_with_a_label_word_per_class_is_scored(three_class_task, monke
     assert "zero_shot" in result["splits"]["validation"]["scores"] and "note" not in result
 
 
+def test_an_unlabeled_evaluation_split_is_noted_not_scored(three_class_task, tmp_path, monkeypatch):
+    write_jsonl_gz(tmp_path / "toy" / "test_unlabeled.jsonl.gz", [{"text": "a film", "label": -1}] * 5)
+    three_class_task.eval_splits = ["validation", "test_unlabeled"]
+    result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
+    assert set(result["splits"]) == {"validation"}
+    assert result["note"] == "Evaluated on validation: test_unlabeled has no labels."
+
+
 def test_a_task_without_models_still_writes_a_confusion_plot_and_a_report(three_class_task, monkeypatch, tmp_path):
     """The TF-IDF baseline's confusion matrix is there for every task: plots/evaluate/confusion is never an
     empty folder, which git would drop and DVC would then call a file of an unsupported format."""

@@ -198,7 +198,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     assert not (repo / "data/checkpoints/distill").exists()
 
     evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
-    assert set(evaluate) == {"imdb", "sst2", "cola", "mrpc", "rte"}
+    assert set(evaluate) == {"imdb", "sst2"}  # the finetuned tasks; cola, mrpc and rte wait their turn
     imdb = evaluate["imdb"]["splits"]["test"]["scores"]
     assert {"teacher", "student", "ulmfit", "plain", "from_scratch", "frozen", "tfidf", "tfidf_full_train",
             "zero_shot"} <= set(imdb)  # imdb finetunes on a subset of train: TF-IDF is shown on both
@@ -206,8 +206,6 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     teacher_variant = json.loads((repo / "models/finetune/imdb/classifier.json").read_text())["eval"]
     assert imdb["teacher"]["accuracy"] == pytest.approx(teacher_variant["accuracy"], abs=0.02)  # fp32 vs bf16
     assert set(evaluate["sst2"]["splits"]) == {"validation", "test"}  # both labeled
-    assert set(evaluate["rte"]["splits"]) == {"validation"} and "test_unlabeled" in evaluate["rte"]["note"]
-    assert set(evaluate["rte"]["splits"]["validation"]["scores"]) == {"tfidf"}  # not finetuned; all of train
     cpu = evaluate["imdb"]["efficiency"]["student"]["cpu"]
     assert 0 < cpu["p50_ms"] <= cpu["p95_ms"] and cpu["throughput"] > 0
     assert evaluate["imdb"]["retained"] > 0 and evaluate["imdb"]["speedup"] > 0
