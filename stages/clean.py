@@ -1,7 +1,8 @@
 """Stage `clean`: normalise, filter, deduplicate and decontaminate the LM corpora.
 
 Reads the `pretrain` and `domain` corpora named in params.yaml (their copies in --raw, which the
-`data` stage wrote), writes
+`data` stage wrote) and drops documents that hold an evaluation text of a task (the splits and fields
+--raw/eval_texts.json names, not params.yaml's `tasks`, so that only a change there reruns it); writes
 `<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
 """
 import argparse

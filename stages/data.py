@@ -4,7 +4,9 @@ A hub id is read from its copy in `data.mirror` when there is one, else from the
 revision; a local source's files are copied. The stages after this one read data/raw only, so DVC
 tracks their inputs by content (lib/raw.py). A source already in data/raw with the same identity is
 kept, so the stage (which DVC always runs, to see edits of local sources) costs seconds when nothing
-changed. Writes the metrics JSON: per name, its source, who uses it, where the rows came from, rows per split.
+changed. Writes the metrics JSON: per name, its source, who uses it, where the rows came from, rows per split;
+and data/raw/eval_texts.json, each task's evaluation splits and text fields, which `clean` removes from
+the LM corpora (lib.raw.eval_text_spec).
 """
 import argparse
 from pathlib import Path
