@@ -352,14 +352,19 @@ def _chunks(items: list[int], size: int) -> list[list[int]]:
 
 def collate(examples: Sequence[Example], pad_id: int) -> Batch:
     """One batch, padded on the right to its longest example."""
-    width = max(len(e.ids) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    segment_ids = torch.zeros((len(examples), width), dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.bool)
-    for row, example in enumerate(examples):
-        n = len(example.ids)
-        input_ids[row, :n] = torch.tensor(example.ids, dtype=torch.long)
-        segment_ids[row, :n] = torch.tensor(example.segments, dtype=torch.long)
-        attention_mask[row, :n] = True
-    labels = torch.tensor([e.label for e in examples], dtype=torch.long)
-    return Batch(input_ids, segment_ids, attention_mask, labels)
+    input_ids, segment_ids, attention_mask = padded([(e.ids, e.segments) for e in examples], pad_id)
+    return Batch(input_ids, segment_ids, attention_mask, torch.tensor([e.label for e in examples], dtype=torch.long))
+
+
+def padded(sequences: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """(input_ids, segment_ids (N, T) long, attention_mask (N, T) bool) of (ids, segments) pairs, padded
+    on the right to the longest."""
+    width = max(len(ids) for ids, _ in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    segment_ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for row, (ids, segments) in enumerate(sequences):
+        input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        segment_ids[row, :len(ids)] = torch.tensor(segments, dtype=torch.long)
+        attention_mask[row, :len(ids)] = True
+    return input_ids, segment_ids, attention_mask

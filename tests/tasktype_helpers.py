@@ -42,6 +42,24 @@ def tokenizer_of(kind: str, folder: Path):
     return minilm() if kind == "minilm" else trained(kind, folder)
 
 
+@pytest.fixture(scope="module", params=KINDS)
+def tokenizer(request, tmp_path_factory):
+    """(tokenizer, special ids) of each kind in KINDS."""
+    return tokenizer_of(request.param, tmp_path_factory.mktemp("tokenizer") / request.param)
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return trained("bpe", tmp_path_factory.mktemp("tokenizer") / "bpe")
+
+
+def bpe_on(words: list[str], folder: Path):
+    """A 400-token BPE tokenizer trained on 200 random 3-10 word sentences of `words`."""
+    rng = random.Random(0)
+    texts = (" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) for _ in range(200))
+    return train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=400, min_frequency=1), folder)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from threads, and two threads on a busy 2-core machine run 100x slower."""

@@ -2,17 +2,13 @@
 lib.tasks pairs and batched as (B, n_choices, T), and the loss makes the choices compete."""
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from lib.config import TokenizerConfig
 from lib.metrics import choice_accuracy
 from lib.tasks import encode as encode_texts
 from lib.tasktypes.multiple_choice import Head, Question, collate, decode, encode, loss, read_rows
-from lib.tokenizer import train_tokenizer
-from tests.tasktype_helpers import one_thread  # noqa: F401
+from tests.tasktype_helpers import bpe_on, one_thread  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "the chicken cannot fly it he she went home crosses road flies sold couches dog days of summer".split()
@@ -20,10 +16,7 @@ WORDS = "the chicken cannot fly it he she went home crosses road flies sold couc
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    rng = random.Random(0)
-    texts = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10))) for _ in range(200))
-    return train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=400, min_frequency=1),
-                           tmp_path_factory.mktemp("choice") / "tokenizer")
+    return bpe_on(WORDS, tmp_path_factory.mktemp("choice") / "tokenizer")
 
 
 def row(endings: list | str = ("flies", "crosses the road", "sold couches", "went home"), label=1,

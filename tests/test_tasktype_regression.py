@@ -3,18 +3,15 @@ their longest example, the head predicts around the train mean, and correlations
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 
-from lib.config import TokenizerConfig
 from lib.errors import UserError
 from lib.metrics import pearson, spearman
 from lib.tasks import encode as encode_texts
 from lib.tasktypes.regression import Head, Scored, collate, decode, encode, loss, read_rows, target_scale
-from lib.tokenizer import train_tokenizer
-from tests.tasktype_helpers import one_thread  # noqa: F401
+from tests.tasktype_helpers import bpe_on, one_thread  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "a man woman is playing the guitar flute dog runs on grass cat sleeps sofa".split()
@@ -22,10 +19,7 @@ WORDS = "a man woman is playing the guitar flute dog runs on grass cat sleeps so
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    rng = random.Random(0)
-    texts = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 10))) for _ in range(200))
-    return train_tokenizer(texts, TokenizerConfig(algorithm="bpe", vocab_size=400, min_frequency=1),
-                           tmp_path_factory.mktemp("regression") / "tokenizer")
+    return bpe_on(WORDS, tmp_path_factory.mktemp("regression") / "tokenizer")
 
 
 def row(label, a: str = "a man is playing", b: str = "a man plays") -> dict:

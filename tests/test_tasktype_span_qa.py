@@ -16,19 +16,9 @@ from lib.metrics import apply_no_answer_threshold, normalize_answer, squad_score
 from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Head, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import KINDS, WORDS, minilm, one_thread, tokenizer_of, trained  # noqa: F401
+from tests.tasktype_helpers import WORDS, bpe, minilm, one_thread, tokenizer  # noqa: F401
 
 MAX_LEN, STRIDE, MAX_QUESTION = 64, 20, 8  # answers of up to STRIDE tokens are whole in some window
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def tokenizer(request, tmp_path_factory):
-    return tokenizer_of(request.param, tmp_path_factory.mktemp("span_qa") / request.param)
-
-
-@pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    return trained("bpe", tmp_path_factory.mktemp("span_qa") / "bpe")
 
 
 def long_context(n_words: int = 120, seed: int = 1) -> tuple[str, list[int]]:

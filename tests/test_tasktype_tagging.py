@@ -14,23 +14,13 @@ from lib.errors import UserError
 from lib.metrics import entity_scores
 from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import KINDS, MINILM, minilm, one_thread, tokenizer_of, trained  # noqa: F401
+from tests.tasktype_helpers import MINILM, bpe, minilm, one_thread, tokenizer  # noqa: F401
 
 CONLL = SHARED_DATA / "conll2003"
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
                       ["B-ORG", "O", "B-MISC", "O", "O", "O", "B-MISC", "O", "O"]),
              Sentence("Peter Blackburn said in Schwarzeneggerville on Monday".split(),
                       ["B-PER", "I-PER", "O", "O", "B-LOC", "O", "O"])]
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def tokenizer(request, tmp_path_factory):
-    return tokenizer_of(request.param, tmp_path_factory.mktemp("tagging") / request.param)
-
-
-@pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    return trained("bpe", tmp_path_factory.mktemp("tagging") / "bpe")
 
 
 def test_first_subword_carries_the_tag(tokenizer):

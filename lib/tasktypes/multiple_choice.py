@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.tasks import encode as encode_texts
+from lib.tasks import padded
 
 
 class Question(NamedTuple):
@@ -87,16 +88,8 @@ def collate(features: list[Choices], pad_id: int) -> dict[str, torch.Tensor]:
     n_choices = len(features[0].ids)
     if any(len(f.ids) != n_choices for f in features):
         raise ValueError(f"every question of a batch needs {n_choices} choices")
-    width = max(len(seq) for f in features for seq in f.ids)
-    shape = (len(features), n_choices, width)
-    input_ids = torch.full(shape, pad_id, dtype=torch.long)
-    segment_ids = torch.zeros(shape, dtype=torch.long)
-    attention_mask = torch.zeros(shape, dtype=torch.bool)
-    for row, feature in enumerate(features):
-        for choice, (ids, segments) in enumerate(zip(feature.ids, feature.segments)):
-            input_ids[row, choice, :len(ids)] = torch.tensor(ids)
-            segment_ids[row, choice, :len(ids)] = torch.tensor(segments)
-            attention_mask[row, choice, :len(ids)] = True
+    flat = padded([pair for f in features for pair in zip(f.ids, f.segments)], pad_id)
+    input_ids, segment_ids, attention_mask = (t.view(len(features), n_choices, -1) for t in flat)
     labels = torch.tensor([f.label for f in features], dtype=torch.long)
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 

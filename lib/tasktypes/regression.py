@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.errors import UserError
-from lib.tasks import UNLABELED
+from lib.tasks import UNLABELED, padded
 from lib.tasks import encode as encode_texts
 
 
@@ -109,15 +109,7 @@ def encode(items: list[Scored], tokenizer, special: dict[str, int], max_len: int
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     """One batch padded on the right to its longest example: input_ids, segment_ids (B, T) long,
     attention_mask (B, T) bool, labels (B,) float32 scores."""
-    width = max(len(e.ids) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    segment_ids = torch.zeros((len(examples), width), dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.bool)
-    for row, example in enumerate(examples):
-        n = len(example.ids)
-        input_ids[row, :n] = torch.tensor(example.ids)
-        segment_ids[row, :n] = torch.tensor(example.segments)
-        attention_mask[row, :n] = True
+    input_ids, segment_ids, attention_mask = padded([(e.ids, e.segments) for e in examples], pad_id)
     labels = torch.tensor([e.value for e in examples], dtype=torch.float32)
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 
