@@ -8,7 +8,7 @@ import torch
 from lib.metrics import choice_accuracy
 from lib.tasks import encode as encode_texts
 from lib.tasktypes.multiple_choice import Head, Question, collate, decode, encode, loss, read_rows
-from tests.tasktype_helpers import bpe_on, one_thread  # noqa: F401
+from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "the chicken cannot fly it he she went home crosses road flies sold couches dog days of summer".split()
@@ -91,23 +91,17 @@ def test_the_gradient_raises_the_right_choice_and_lowers_the_others():
 def test_a_tiny_backbone_with_the_head_learns_the_right_endings(tokenizer, one_thread):
     """The batch flattened to (B * n_choices, T) through a real backbone, [bos] states viewed back as
     (B, n_choices, d): a few steps fit three questions exactly."""
-    from lib.model import Transformer, TransformerConfig
-
     items = [Question("the chicken cannot fly it", ["flies", "crosses the road", "sold couches", "went home"], 1),
              Question("the dog", ["went home", "flies", "sold the couches", "crosses"], 2),
              Question("she", ["flies", "sold", "went", "crosses the road home"], 0)]
     features, _ = encode(items, tokenizer, SPECIAL, 64, "head")
     batch = collate(features, SPECIAL["pad"])
     B, C, T = batch["input_ids"].shape
-    torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
-                                             d_ff=64, dropout=0.0, max_positions=64))
-    head = Head(32, dropout=0.0)
-    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
-    for _ in range(30):
+
+    def scores_of(backbone, head):
         hidden = backbone(*(batch[name].view(B * C, T) for name in ("input_ids", "segment_ids", "attention_mask")))
-        scores = head(hidden[:, 0].view(B, C, -1))
-        optimizer.zero_grad()
-        loss(scores, batch).backward()
-        optimizer.step()
+        return head(hidden[:, 0].view(B, C, -1))
+
+    scores = fit_on_one_batch(tokenizer.get_vocab_size(), lambda: Head(32, dropout=0.0), scores_of,
+                              lambda scores: loss(scores, batch), steps=30)
     assert decode(scores) == [1, 2, 0]

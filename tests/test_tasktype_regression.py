@@ -11,7 +11,7 @@ from lib.errors import UserError
 from lib.metrics import pearson, spearman
 from lib.tasks import encode as encode_texts
 from lib.tasktypes.regression import Head, Scored, collate, decode, encode, loss, read_rows, target_scale
-from tests.tasktype_helpers import bpe_on, one_thread  # noqa: F401
+from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "a man woman is playing the guitar flute dog runs on grass cat sleeps sofa".split()
@@ -95,22 +95,14 @@ def test_loss_is_mse_and_perfect_predictions_correlate_fully():
 
 def test_a_tiny_backbone_with_the_head_fits_the_scores(tokenizer, one_thread):
     """The head on a real backbone's [bos] state: a few steps fit four pairs' scores closely."""
-    from lib.model import Transformer, TransformerConfig
-
     items = [Scored("a man is playing the guitar", "a man plays the guitar", 4.8),
              Scored("a dog runs on the grass", "a cat sleeps on the sofa", 0.4),
              Scored("a woman is playing the flute", "a man is playing the guitar", 1.6),
              Scored("a cat sleeps", "the cat sleeps on a sofa", 3.5)]
     examples, _ = encode(items, tokenizer, SPECIAL, 64, "head")
     batch = collate(examples, SPECIAL["pad"])
-    torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
-                                             d_ff=64, dropout=0.0, max_positions=64))
-    head = Head(32, *target_scale(items, "tasks.stsb"), dropout=0.0)
-    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
-    for _ in range(40):
-        scores = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])[:, 0])
-        optimizer.zero_grad()
-        loss(scores, batch).backward()
-        optimizer.step()
+    scores = fit_on_one_batch(
+        tokenizer.get_vocab_size(), lambda: Head(32, *target_scale(items, "tasks.stsb"), dropout=0.0),
+        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])[:, 0]),
+        lambda scores: loss(scores, batch), steps=40)
     assert decode(scores) == pytest.approx([item.value for item in items], abs=0.3)

@@ -16,7 +16,7 @@ from lib.metrics import apply_no_answer_threshold, normalize_answer, squad_score
 from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Head, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import WORDS, bpe, minilm, one_thread, tokenizer  # noqa: F401
+from tests.tasktype_helpers import WORDS, bpe, fit_on_one_batch, minilm, one_thread, tokenizer  # noqa: F401
 
 MAX_LEN, STRIDE, MAX_QUESTION = 64, 20, 8  # answers of up to STRIDE tokens are whole in some window
 
@@ -223,8 +223,6 @@ def test_squad_first_200_questions_with_minilm(name):
 def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe, one_thread):
     """The head and loss on a real backbone's hidden states: a few steps fit an answer, one in two
     windows, and an unanswerable question exactly."""
-    from lib.model import Transformer, TransformerConfig
-
     tokenizer, special = bpe
     context, starts = long_context(40)
     questions = answer_questions(context, starts, [(3, 4), (30, 30)])
@@ -232,16 +230,10 @@ def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe, one_thread):
     questions.append(Question("none", "which king settled in Paris", context, []))
     windows, _ = encode(questions, tokenizer, special, MAX_LEN, STRIDE, MAX_QUESTION)
     batch = collate(windows, special["pad"])
-    torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
-                                             d_ff=64, dropout=0.0, max_positions=MAX_LEN))
-    head = Head(32)
-    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
-    for _ in range(80):
-        outputs = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"]))
-        optimizer.zero_grad()
-        loss(outputs, batch).backward()
-        optimizer.step()
+    outputs = fit_on_one_batch(
+        tokenizer.get_vocab_size(), lambda: Head(32),
+        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])),
+        lambda outputs: loss(outputs, batch), steps=80, max_positions=MAX_LEN)
     texts, no_answer = decode(*(list(logits.detach()) for logits in outputs), windows, questions)
     assert apply_no_answer_threshold(texts, no_answer, 0.0) == {**{q.id: q.answers[0].text for q in questions[:2]},
                                                                 "none": ""}

@@ -14,7 +14,7 @@ from lib.errors import UserError
 from lib.metrics import entity_scores
 from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import MINILM, bpe, minilm, one_thread, tokenizer  # noqa: F401
+from tests.tasktype_helpers import MINILM, bpe, fit_on_one_batch, minilm, one_thread, tokenizer  # noqa: F401
 
 CONLL = SHARED_DATA / "conll2003"
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
@@ -134,22 +134,14 @@ def test_conll_first_200_sentences_align_with_minilm():
 
 def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe, one_thread):
     """The head and loss on a real backbone's hidden states: a few steps fit two sentences exactly."""
-    from lib.model import Transformer, TransformerConfig
-
     tokenizer, special = bpe
     tags = tag_set(SENTENCES)
     features, _ = encode(SENTENCES, tokenizer, special, 64, tags)
     batch = collate(features, special["pad"])
-    torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
-                                             d_ff=64, dropout=0.0, max_positions=64))
-    head = Head(32, len(tags), dropout=0.0)
-    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
-    for _ in range(60):
-        logits = head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"]))
-        optimizer.zero_grad()
-        loss(logits, batch).backward()
-        optimizer.step()
+    logits = fit_on_one_batch(
+        tokenizer.get_vocab_size(), lambda: Head(32, len(tags), dropout=0.0),
+        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])),
+        lambda logits: loss(logits, batch), steps=60)
     assert decode(list(logits.detach()), features, tags) == [s.tags for s in SENTENCES]
 
 
