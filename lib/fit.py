@@ -99,28 +99,27 @@ class Stepper:
                  where: str, kept: str = ""):
         self.module, self.optimizer, self.scheduler, self.cfg = module, optimizer, scheduler, cfg
         self.where, self.kept = where, kept
-        self.bad_steps = 0  # non-finite losses in a row; a resumed run restores it
         self.grad_norm: torch.Tensor | None = None  # of the last step taken, before clipping (if it clips)
 
-    def step(self, loss: float, number: int) -> bool:
+    def step(self, loss: float, number: int, bad_steps: int) -> int:
         """Step `number` (1-based, for the error) of a batch whose loss, the same on every rank, is
-        `loss`: clip, step, advance the schedule and clear the gradients, or skip the batch when the
-        loss is not finite. Returns whether the weights changed."""
+        `loss`, after `bad_steps` non-finite losses in a row: clip, step, advance the schedule and
+        clear the gradients, or skip the batch when the loss is not finite. Returns the non-finite
+        losses in a row now (0: the weights changed), which the caller keeps in its checkpointed state."""
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
-            self.bad_steps += 1
-            if self.bad_steps > self.cfg.max_bad_steps:
-                raise UserError(f"{self.where}: loss is {loss} at step {number}, {self.bad_steps} bad steps in a row; "
+            bad_steps += 1
+            if bad_steps > self.cfg.max_bad_steps:
+                raise UserError(f"{self.where}: loss is {loss} at step {number}, {bad_steps} bad steps in a row; "
                                 f"lower the lr or check the data{self.kept}")
             self.scheduler.step()
-            return False
-        self.bad_steps = 0
+            return bad_steps
         if self.cfg.clip_norm > 0:
             self.grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return True
+        return 0
 
 
 @dataclass
@@ -157,13 +156,13 @@ class EpochLoop:
         saved = load_checkpoint(self.checkpoints, trained, optimizer, scheduler, fingerprint, context.rank)
         if saved is not None and self.best_path.is_file():
             self.state = EpochState(**saved)
-            self.stepper.bad_steps = self.state.bad_steps
             distributed.say(context, f"{where}: resuming after epoch {self.state.epoch}")
 
     def step(self, loss: float) -> bool:
-        """The optimizer step of one batch (after its backward); see Stepper.step."""
+        """The optimizer step of one batch (after its backward), whether the weights changed; see Stepper.step."""
         self.state.steps += 1
-        return self.stepper.step(loss, self.state.steps)
+        self.state.bad_steps = self.stepper.step(loss, self.state.steps, self.state.bad_steps)
+        return self.state.bad_steps == 0
 
     def run(self, train_epoch: Callable[[int], dict[str, float]], score_dev: Callable[[], dict[str, float]],
             on_epoch: Callable[[dict[str, float]], None] = lambda row: None) -> EpochState:
@@ -188,7 +187,7 @@ class EpochLoop:
                         f.write(safetensors.torch.save(best))
             else:
                 state.bad_epochs += 1
-            state.epoch, state.bad_steps = epoch, self.stepper.bad_steps
+            state.epoch = epoch
             state.seconds += time.perf_counter() - started
             rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
             weights, optimizer_state = distributed.full_state(self.trained, self.optimizer, self.context)

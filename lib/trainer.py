@@ -103,7 +103,6 @@ class Trainer:
                                 self.fingerprint, self.context.rank)
         if saved is not None:
             self.state = TrainState(**{k: v for k, v in saved.items() if k != "fingerprint"})
-            self.stepper.bad_steps = self.state.bad_steps
             distributed.say(self.context, f"resuming from step {self.state.step} ({self.state.tokens} tokens)")
         if self.progress is not None:
             self.progress.start(self.state.tokens, self.state.seconds)
@@ -145,9 +144,9 @@ class Trainer:
             for k, v in metrics.items():
                 totals[k] += v.detach().float() / self.cfg.grad_accum
         values = distributed.mean(self.context, {k: float(v) for k, v in totals.items()}, self.device)
-        taken = self.stepper.step(values["loss"], self.state.step + 1)
+        self.state.bad_steps = self.stepper.step(values["loss"], self.state.step + 1, self.state.bad_steps)
         self.state.step += 1
-        if not taken:
+        if self.state.bad_steps:  # skipped
             return None, {}
         self.state.tokens += self.step_tokens
         norm = self.stepper.grad_norm
@@ -204,7 +203,6 @@ class Trainer:
     def _checkpoint(self) -> None:
         rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
         weights, optimizer_state = distributed.full_state(self.module, self.optimizer, self.context)
-        self.state.bad_steps = self.stepper.bad_steps
         if self.context.main:
             state = {**self.state.__dict__, "fingerprint": self.fingerprint}
             save_checkpoint(self.checkpoint_dir, weights, optimizer_state, self.scheduler, state, rng)

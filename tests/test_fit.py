@@ -25,16 +25,15 @@ def test_a_non_finite_loss_skips_its_batch_and_too_many_in_a_row_stop_the_run():
     module, scheduler, stepper = linear_step(FinetuneConfig(max_bad_steps=2))
     before = module.weight.detach().clone()
     module(torch.ones(1, 2)).sum().backward()
-    assert not stepper.step(math.nan, 1)  # skipped: no update, the gradient dropped, the schedule moved on
+    assert stepper.step(math.nan, 1, 0) == 1  # skipped: no update, the gradient dropped, the schedule moved on
     assert torch.equal(module.weight, before) and module.weight.grad is None and scheduler.last_epoch == 1
     module(torch.ones(1, 2)).sum().backward()
-    assert stepper.step(0.5, 2) and not torch.equal(module.weight, before)
-    assert stepper.bad_steps == 0  # a good step resets the count: only losses in a row stop the run
-    for number in (3, 4):
-        assert not stepper.step(math.inf, number)
+    # a good step resets the count: only losses in a row stop the run
+    assert stepper.step(0.5, 2, 1) == 0 and not torch.equal(module.weight, before)
+    assert stepper.step(math.inf, 3, 0) == 1 and stepper.step(math.inf, 4, 1) == 2
     with pytest.raises(UserError, match=r"finetune: toy: loss is nan at step 5, 3 bad steps in a row; "
                                          r"lower the lr or check the data \(kept: nothing\)"):
-        stepper.step(math.nan, 5)
+        stepper.step(math.nan, 5, 2)
 
 
 def test_finetune_takes_adamw_settings_from_its_params(tmp_path):
