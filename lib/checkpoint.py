@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lib.config import flatten
-from lib.distributed import load_full_state
+from lib.distributed import Context, full_state, gather, load_full_state
 from lib.errors import describe
 from lib.io import atomic_dir, file_sha256, write_json
 
@@ -68,6 +68,16 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
     for old in checkpoints(directory)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def save_run(directory: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+             state: dict[str, Any], context: Context) -> None:
+    """A training loop's checkpoint (save_checkpoint), called by every rank: each gives its RNG state,
+    a sharded module and optimizer are gathered whole, and rank 0 writes."""
+    rng = gather(context, rng_state())  # every rank's, for an exact resume
+    weights, optimizer_state = full_state(module, optimizer, context)
+    if context.main:
+        save_checkpoint(directory, weights, optimizer_state, scheduler, state, rng)
 
 
 def verify(path: Path) -> str | None:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from lib import distributed
-from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
+from lib.checkpoint import load_checkpoint, save_run
 from lib.config import OptimizerConfig
 from lib.distributed import Context
 from lib.errors import UserError
@@ -189,10 +189,7 @@ class EpochLoop:
                 state.bad_epochs += 1
             state.epoch = epoch
             state.seconds += time.perf_counter() - started
-            rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
-            weights, optimizer_state = distributed.full_state(self.trained, self.optimizer, self.context)
-            if self.context.main:
-                save_checkpoint(self.checkpoints, weights, optimizer_state, self.scheduler, asdict(state), rng)
+            save_run(self.checkpoints, self.trained, self.optimizer, self.scheduler, asdict(state), self.context)
             distributed.barrier(self.context)  # the best weights are on disk before any rank reads them
             on_epoch(row)
         distributed.load_full_state(self.kept, None, safetensors.torch.load_file(str(self.best_path)))

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from lib import distributed, runtime
-from lib.checkpoint import load_checkpoint, rng_state, save_checkpoint
+from lib.checkpoint import load_checkpoint, save_run
 from lib.config import ImplConfig, TrainConfig
 from lib.data import WindowBatches
 from lib.distributed import Context
@@ -201,8 +201,5 @@ class Trainer:
             callback.on_eval(self.state.step, row)
 
     def _checkpoint(self) -> None:
-        rng = distributed.gather(self.context, rng_state())  # every rank's, for an exact resume
-        weights, optimizer_state = distributed.full_state(self.module, self.optimizer, self.context)
-        if self.context.main:
-            state = {**self.state.__dict__, "fingerprint": self.fingerprint}
-            save_checkpoint(self.checkpoint_dir, weights, optimizer_state, self.scheduler, state, rng)
+        save_run(self.checkpoint_dir, self.module, self.optimizer, self.scheduler,
+                 {**self.state.__dict__, "fingerprint": self.fingerprint}, self.context)
