@@ -20,7 +20,13 @@ import yaml
 from lib.errors import UserError
 
 Objective = Literal["clm", "mlm", "electra"]
-Metric = Literal["accuracy", "f1", "mcc"]
+TaskType = Literal["classification", "regression", "tagging", "span_qa", "multiple_choice"]
+# per task type, the metrics it reports (the first of a task's `metrics` selects the best epoch) and its default
+TYPE_METRICS = {"classification": ("accuracy", "f1", "mcc"), "regression": ("pearson", "spearman"),
+                "tagging": ("f1", "precision", "recall"), "span_qa": ("f1", "exact_match"),
+                "multiple_choice": ("accuracy",)}
+DEFAULT_METRICS = {"classification": ["accuracy"], "regression": ["pearson", "spearman"], "tagging": ["f1"],
+                   "span_qa": ["f1", "exact_match"], "multiple_choice": ["accuracy"]}
 Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
@@ -74,18 +80,28 @@ class Corpora:
 
 @dataclass
 class TaskConfig:
-    """A labeled task. `clean` uses its evaluation splits to decontaminate the LM corpora."""
+    """A labeled task. `clean` uses its evaluation splits to decontaminate the LM corpora.
+
+    The fields a type reads (lib/tasktypes): classification and regression `text_field` (+
+    `text_pair_field`) and `label_field`; tagging `text_field` (a list of words) and `label_field` (a
+    list of IOB2 tags); span_qa `text_field` (the question), `text_pair_field` (the context) and
+    `label_field` (answers {text, answer_start}); multiple_choice `text_field` (the context),
+    `text_pair_field` (the list of endings) and `label_field` (the right ending's index)."""
 
     source: str
+    type: TaskType = "classification"
     text_field: str = "text"
     text_pair_field: str | None = None  # second text of sentence-pair tasks
     label_field: str = "label"
     eval_splits: list[str] = field(default_factory=lambda: ["validation"])  # the first is reported by finetune
     train_split: str = "train"
-    label_names: list[str] | None = None  # names of label ids 0..n-1; null = the labels found in train
-    metrics: list[Metric] = field(default_factory=lambda: ["accuracy"])  # the first selects the best epoch
-    max_len: int = 128  # tokens per example, the special tokens included
+    label_names: list[str] | None = None  # names of label ids 0..n-1 (tagging: the tags); null = those found in train
+    metrics: list[str] | None = None  # the first selects the best epoch; null = the type's DEFAULT_METRICS
+    max_len: int = 128  # tokens per example (span_qa: per window), the special tokens included
     truncation: Literal["head", "tail", "head_tail"] = "head"  # which part of a long text is kept
+    stride: int = 128  # span_qa: context tokens shared by consecutive windows of a long context
+    max_question_len: int = 64  # span_qa: question tokens kept
+    max_answer_len: int = 30  # span_qa: the longest answer, in tokens, decoding may pick
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
@@ -93,12 +109,24 @@ class TaskConfig:
             raise ParamsError(f"{key}.eval_splits: empty; name the split to evaluate on, e.g. [validation]")
         if self.train_split in self.eval_splits:
             raise ParamsError(f"{key}.train_split: '{self.train_split}' is also in {key}.eval_splits")
+        known = TYPE_METRICS[self.type]
+        if self.metrics is None:
+            self.metrics = list(DEFAULT_METRICS[self.type])
         if not self.metrics:
-            raise ParamsError(f"{key}.metrics: empty; name at least one of accuracy, f1, mcc")
+            raise ParamsError(f"{key}.metrics: empty; name at least one of {', '.join(known)}")
+        unknown = [m for m in self.metrics if m not in known]
+        if unknown:
+            raise ParamsError(f"{key}.metrics: '{unknown[0]}' is not a {self.type} metric; use {', '.join(known)}")
         if self.max_len < 8:
             raise ParamsError(f"{key}.max_len: {self.max_len} must be >= 8 (special tokens + some text)")
+        if self.label_names is not None and self.type not in ("classification", "tagging"):
+            raise ParamsError(f"{key}.label_names: a {self.type} task has no label names; remove it")
         if self.label_names is not None and len(set(self.label_names)) < 2:
             raise ParamsError(f"{key}.label_names: need at least 2 distinct names (or null)")
+        if self.type in ("span_qa", "multiple_choice") and self.text_pair_field is None:
+            what = "context" if self.type == "span_qa" else "list of endings"
+            raise ParamsError(f"{key}.text_pair_field: a {self.type} task needs the field of its {what}")
+        at_least_one(self, key, "stride", "max_question_len", "max_answer_len")
 
 
 @dataclass

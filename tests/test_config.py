@@ -178,7 +178,18 @@ def test_per_task_limits(chdir_root, tmp_path, default_params):
 
 def test_task_fields(chdir_root, tmp_path, default_params):
     default_params["tasks"]["mrpc"]["metrics"] = ["f2"]
-    assert "tasks.mrpc.metrics[0]: 'f2' is not one of accuracy, f1, mcc" in error_of(tmp_path, default_params)
+    assert "tasks.mrpc.metrics: 'f2' is not a classification metric; use accuracy, f1, mcc" in error_of(
+        tmp_path, default_params)
+    default_params["tasks"]["mrpc"]["metrics"] = ["spearman"]  # a regression metric
+    assert "tasks.mrpc.metrics: 'spearman' is not a classification metric" in error_of(tmp_path, default_params)
+    default_params["tasks"]["mrpc"].update(type="regression", label_names=["a", "b"])
+    assert "tasks.mrpc.label_names: a regression task has no label names" in error_of(tmp_path, default_params)
+    default_params["tasks"]["mrpc"].update(type="span_qa", label_names=None, text_pair_field=None, metrics=None)
+    assert "tasks.mrpc.text_pair_field: a span_qa task needs the field of its context" in error_of(
+        tmp_path, default_params)
+    default_params["tasks"]["mrpc"].update(type="tagging", metrics=None)
+    assert load(tmp_path, default_params).tasks["mrpc"].metrics == ["f1"]  # the type's default
+    default_params["tasks"]["mrpc"].update(type="classification")
     default_params["tasks"]["mrpc"]["metrics"] = ["f1"]
     default_params["tasks"]["sst2"]["max_len"] = 1024  # checked for the tasks that finetune trains
     assert "tasks.sst2.max_len: 1024 is above model.max_positions (512)" in error_of(tmp_path, default_params)
