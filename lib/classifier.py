@@ -45,7 +45,8 @@ POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
 @dataclass
 class HeadConfig:
     n_classes: int
-    features: Literal["concat", "token"] = "concat"  # concat pooling, or the [CLS]/last token's state
+    # concat pooling, the [CLS]/last token's state, or every position's state (tagging, QA spans)
+    features: Literal["concat", "token", "tokens"] = "concat"
     block: bool = True  # ULMFiT's classifier block; false: one linear layer
     hidden: int = 128
     dropout: float = 0.1
@@ -109,7 +110,9 @@ class Classifier(nn.Module):
         return hidden[:, 0]
 
     def features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, F) sequence features from hidden states, padding excluded."""
+        """(B, F) sequence features from hidden states, padding excluded; (B, T, d) for "tokens"."""
+        if self.head_cfg.features == "tokens":
+            return hidden
         token = self.token_state(hidden, attention_mask)
         if self.head_cfg.features == "token":
             return token
@@ -242,6 +245,8 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
     family, why = classifier_family(model, special)
+    if meta.get("type", "classification") != "classification":
+        family, why = None, f"the transformers export of a {meta['type']} model is not built yet"
     line = f"{EXPORTED}{SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:

@@ -41,7 +41,7 @@ from lib.config import DistillConfig, ImplConfig
 from lib.distributed import Context
 from lib.efficiency import parameter_count
 from lib.errors import UserError
-from lib.finetune import predict_all, run_name, scored
+from lib.finetune import run_name, score_split
 from lib.fit import EpochLoop, adamw, warmup_decay
 from lib.model import Transformer
 from lib.progress import Progress
@@ -207,7 +207,6 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
     hidden_pairs = [] if cfg.hidden_weight == 0 else (
         [(k, layer_map[-1])] if cfg.hidden_layers == "last" else list(zip(range(1, k + 1), layer_map)))
     summary_pairs = list(zip(range(1, k), layer_map[:-1])) if cfg.pkd_weight > 0 else []
-    n_classes = len(task.label_names)
     transfer = task.train + unlabeled
 
     torch.manual_seed(seed)
@@ -246,8 +245,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list[Example], 
                            lambda: progress.tick(progress.done + 1, f"  epoch {epoch} of {cfg.epochs}"))
 
     def dev_scores() -> dict[str, float]:
-        return scored(iter(predict_all(student, task.dev, cfg.batch_size * 2, pad_id, device, impl, context)),
-                      metrics, n_classes, False)
+        return score_split(student, task, "dev", metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
 
     state = loop.run(epoch_of_training, dev_scores, on_epoch)
 
@@ -265,15 +263,13 @@ def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: 
              device: torch.device, impl: ImplConfig,
              context: Context = Context()) -> tuple[dict[str, Any], list[list[int]] | None]:
     """({"dev": metrics, "eval": metrics or None}, the evaluation split's confusion matrix or None)."""
-    n_classes = len(task.label_names)
-
-    def pairs(examples: list[Example]) -> Any:
-        return iter(predict_all(model, examples, batch_size, pad_id, device, impl, context))
-
-    scores: dict[str, Any] = {"dev": scored(pairs(task.dev), metrics, n_classes, False), "eval": None}
+    dev, calibration = score_split(model, task, "dev", metrics, batch_size, pad_id, device, impl, context)
+    scores: dict[str, Any] = {"dev": dev, "eval": None}
     confusion = None
     if task.eval is not None:
-        scores["eval"], confusion = scored(pairs(task.eval), metrics, n_classes, True)
+        scores["eval"], extras = score_split(model, task, "eval", metrics, batch_size, pad_id, device, impl, context,
+                                             calibration)
+        confusion = extras.get("confusion")
     return scores, confusion
 
 

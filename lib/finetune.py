@@ -1,4 +1,8 @@
-"""ULMFiT step 3 and its baselines: train one classifier for one task x variant x seed.
+"""ULMFiT step 3 and its baselines: train one model for one task x variant x seed.
+
+The task's type (lib/tasktypes: classification, regression, tagging, span_qa, multiple_choice)
+gives the batches, the head's shape (one output vector per sequence or per token), the loss and the
+scores; everything else here is the same for every type.
 
 Variants, so that each trick's value shows next to its baseline:
 - `ulmfit`: the adapted model, ULMFiT's concat-pooling classifier block, gradual unfreezing (only the
@@ -11,7 +15,7 @@ Variants, so that each trick's value shows next to its baseline:
   linear warmup and decay: the usual BERT/GPT recipe.
 - `from_scratch`: `plain` on a randomly initialised model of the same shape (its own LR, scratch_lr,
   since random weights need a larger one): what pretraining is worth.
-- `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
+- `frozen` (classification only so far): a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
   pooled features are computed once and a logistic regression is fit on them: how much the features
   alone hold.
 
@@ -27,7 +31,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -39,10 +43,12 @@ from lib.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.config import FinetuneConfig, ImplConfig
 from lib.distributed import Context
 from lib.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
-from lib.metrics import compute_metrics, confusion_matrix
 from lib.model import Transformer
 from lib.progress import Progress
 from lib.tasks import Example, TaskData, batch_indices, collate
+from lib.tasktypes import TYPES
+from lib.tasktypes.base import move
+from lib.tasktypes.classification import scores_of
 
 
 @dataclass
@@ -82,14 +88,23 @@ def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], fl
     return lambda total, _: warmup_decay(total, max(1, round(total * warmup_frac)))
 
 
-def setup(variant: str, adapted: Transformer, n_classes: int, cfg: FinetuneConfig) -> Setup:
-    """The classifier and recipe of a full variant (ulmfit, plain, from_scratch), around a copy of
-    `adapted` (random weights for from_scratch)."""
+def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
+          task_type: str = "classification") -> Setup:
+    """The model and recipe of a full variant (ulmfit, plain, from_scratch), around a copy of
+    `adapted` (random weights for from_scratch). A sequence-level type's ulmfit head is ULMFiT's
+    concat-pooling block, its plain head that of transformers' sequence classifier; a per-token type
+    (tagging, spans) puts the block, or a linear layer (as BERT's token-classification and QA heads),
+    on every position."""
     backbone = copy.deepcopy(adapted)
     if variant == "from_scratch":
         backbone = Transformer(adapted.cfg)
-    concat = HeadConfig(n_classes, "concat", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
-    token = plain_head(backbone.cfg, n_classes, cfg.head_dropout)
+    kind = TYPES[task_type]
+    if kind.per_token:
+        concat = HeadConfig(n_outputs, "tokens", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
+        token = HeadConfig(n_outputs, "tokens", block=False, dropout=cfg.head_dropout if kind.head_dropout else 0.0)
+    else:
+        concat = HeadConfig(n_outputs, "concat", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
+        token = plain_head(backbone.cfg, n_outputs, cfg.head_dropout)
     plain = warmup_linear(cfg.warmup_frac)
     if variant == "ulmfit":
         stlr = lambda total, _: slanted_triangular(total, cfg.cut_frac, cfg.stlr_ratio)  # noqa: E731
@@ -117,11 +132,11 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     label = f"finetune: {run_name(task.name, variant, seed)}"
     if variant == "frozen":
         return run_probe(task, metrics, adapted, cfg, impl, device, seed, pad_id, on_epoch, context, label)
-    plan = setup(variant, adapted, len(task.label_names), cfg)
+    plan = setup(variant, adapted, TYPES[task.type].n_outputs(task), cfg, task.type)
     model = plan.model.to(device)
     trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, checkpoint_dir, fingerprint, metrics[0],
                           context, label)
-    state = trainer.loop.run(trainer.train_epoch, lambda: trainer.score("dev", metrics), on_epoch)
+    state = trainer.loop.run(trainer.train_epoch, lambda: trainer.score("dev", metrics)[0], on_epoch)
     scoring_started = time.perf_counter()
     dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
     curve = [row[f"dev_{metrics[0]}"] for row in state.history]
@@ -150,17 +165,18 @@ def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: Fin
 
 def final_scores(score: Callable[..., Any], task: TaskData,
                  metrics: list[str]) -> tuple[dict[str, float], dict[str, float] | None, list[list[int]] | None]:
-    """(dev metrics, evaluation split metrics, its confusion matrix) of a trainer's `score`; None, None
-    for a task without a labeled evaluation split."""
-    dev = score("dev", metrics)
+    """(dev metrics, evaluation split metrics, its confusion matrix where the type has one) of a
+    trainer's `score`; None, None for a task without a labeled evaluation split. The evaluation split
+    is scored with what dev calibrated (SQuAD 2.0's no-answer threshold)."""
+    dev, calibration = score("dev", metrics)
     if task.eval is None:
         return dev, None, None
-    evaluated, confusion = score("eval", metrics, with_confusion=True)
-    return dev, evaluated, confusion
+    evaluated, extras = score("eval", metrics, calibration)
+    return dev, evaluated, extras.get("confusion")
 
 
 class FullTrainer:
-    """Trains the whole classifier (ulmfit, plain, from_scratch) on batches of token ids, in an
+    """Trains the whole model (ulmfit, plain, from_scratch) on batches of the task's type, in an
     EpochLoop over checkpoint_dir; progress lines (`label`) count the batches of every epoch, so
     their ETA is that of the whole run if patience does not end it sooner."""
 
@@ -169,6 +185,7 @@ class FullTrainer:
                  context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (
             model, task, cfg, impl, device, pad_id, seed)
+        self.kind = TYPES[task.type]
         self.precision = runtime.resolve_precision(impl.precision, device)
         self.context = context
         # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later (FSDP
@@ -199,19 +216,19 @@ class FullTrainer:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
-        total, train = 0.0, self.task.train
+        total, train, kind = 0.0, self.task.train, self.kind
         for group in batch_indices(train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
-            # each term weighted by this rank's share of the batch's examples (or predicted tokens), so
-            # that DDP's mean over the ranks is the whole batch's loss
+            # each term weighted by this rank's share of the batch's units (examples, tagged tokens) or
+            # predicted tokens, so that DDP's mean over the ranks is the whole batch's loss
             mine, scale = self.context.part(group)
-            batch = collate([train[i] for i in mine], self.pad_id).to(self.device)
+            batch = move(kind.collate([train[i] for i in mine], self.pad_id, self.task), self.device)
             with runtime.autocast(self.device, self.precision):
-                logits, hidden = self.synced(batch.input_ids, batch.segment_ids, batch.attention_mask)
-                examples = distributed.part_weight(len(mine), len(group), scale)
-                loss = F.cross_entropy(logits.float(), batch.labels) * examples
+                outputs, hidden = kind.forward(self.synced, batch)
+                units = [sum(kind.units(train[i]) for i in part) for part in (mine, group)]
+                loss = kind.loss(outputs, batch, self.task) * distributed.part_weight(*units, scale)
                 if self.aux:  # a mean over the predicted tokens, len(ids) - 1 per example
                     targets = [sum(len(train[i].ids) - 1 for i in part) for part in (mine, group)]
-                    lm = lm_loss(self.model.backbone, hidden, batch.input_ids, batch.attention_mask)
+                    lm = lm_loss(self.model.backbone, hidden, batch["input_ids"], batch["attention_mask"])
                     loss = loss + self.cfg.aux_lm_weight * lm * distributed.part_weight(*targets, scale)
             loss.backward()
             batch_loss = distributed.total(self.context, loss.item() / self.context.world, self.device)  # the batch's
@@ -222,13 +239,10 @@ class FullTrainer:
             self.progress.tick(self.loop.state.steps, f"  epoch {epoch} of {self.epochs}")
         return {"train_loss": total / max(len(train), 1)}
 
-    def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
-        """Metrics of the model on task.dev ("dev") or task.eval ("eval"); under torchrun each rank
-        predicts every world-th example and the predictions are gathered."""
-        examples = self.task.dev if split == "dev" else self.task.eval
-        pairs = predict_all(self.model, examples, self.cfg.batch_size * 2, self.pad_id, self.device, self.impl,
-                            self.context)
-        return scored(iter(pairs), metrics, len(self.task.label_names), with_confusion)
+    def score(self, split: str, metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        return score_split(self.model, self.task, split, metrics, self.cfg.batch_size * 2, self.pad_id, self.device,
+                           self.impl, self.context, calibration)
 
 
 class ProbeTrainer:
@@ -289,7 +303,7 @@ class ProbeTrainer:
                 weight, bias = self._linear(fit)
                 linear.weight.copy_(weight)
                 linear.bias.copy_(bias)
-                score = self.score("dev", [self.metric])[self.metric]
+                score = self.score("dev", [self.metric])[0][self.metric]
                 if kept is None or score > best:
                     best, self.c, kept = score, c, (weight, bias)
             linear.weight.copy_(kept[0])
@@ -320,40 +334,43 @@ class ProbeTrainer:
         linear.bias.sub_(linear.weight @ self.mean)
 
     @torch.no_grad()
-    def score(self, split: str, metrics: list[str], with_confusion: bool = False) -> Any:
+    def score(self, split: str, metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         self.model.head.eval()
         x, y = self.features[split]
-        chunks = ((self.model.head(x[i:i + 1024]).argmax(-1).cpu(), y[i:i + 1024].cpu()) for i in range(0, len(y), 1024))
-        return scored(chunks, metrics, len(self.task.label_names), with_confusion)
+        predicted = torch.cat([self.model.head(x[i:i + 1024]).argmax(-1).cpu() for i in range(0, len(y), 1024)])
+        return scores_of(predicted, y.cpu(), metrics, len(self.task.label_names))
 
 
-def predict_all(model: Classifier, examples: list[Example], batch_size: int, pad_id: int, device: torch.device,
-                impl: ImplConfig, context: Context = Context()) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(predicted classes, labels) per batch of `examples` (`batches` order), the model in eval mode.
+def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
+                impl: ImplConfig, context: Context = Context()) -> list:
+    """The task type's prediction for each of `examples` (in their order), the model in eval mode.
     Under torchrun each rank predicts every world-th batch, in step with the others (a sharded model's
     forward is a collective), and every rank gets all of them."""
     model.eval()
+    kind = TYPES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
 
     @torch.no_grad()
-    def predict(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = collate([examples[i] for i in group], pad_id).to(device)
+    def predict(group: list[int]) -> list:
+        part = [examples[i] for i in group]
+        batch = move(kind.collate(part, pad_id, task), device)
         with runtime.autocast(device, precision):
-            logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
-        return logits.argmax(-1).cpu(), batch.labels.cpu()
+            outputs, _ = kind.forward(model, batch)
+        return kind.predict(outputs.cpu(), part, task)
 
-    return distributed.spread(context, batch_indices(examples, batch_size), predict)
+    groups = batch_indices(examples, batch_size)
+    predictions: list = [None] * len(examples)
+    for group, predicted in zip(groups, distributed.spread(context, groups, predict)):
+        for i, prediction in zip(group, predicted):
+            predictions[i] = prediction
+    return predictions
 
 
-def scored(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], metrics: list[str], n_classes: int,
-           with_confusion: bool) -> Any:
-    """compute_metrics over (predictions, labels) batches; with_confusion also returns the confusion matrix."""
-    predictions, labels = [], []
-    for p, y in pairs:
-        predictions.append(p)
-        labels.append(y)
-    predicted, truth = torch.cat(predictions), torch.cat(labels)
-    values = compute_metrics(metrics, predicted, truth, n_classes)
-    if not with_confusion:
-        return values
-    return values, confusion_matrix(predicted, truth, n_classes).tolist()
+def score_split(model: Classifier, task: TaskData, split: str, metrics: list[str], batch_size: int, pad_id: int,
+                device: torch.device, impl: ImplConfig, context: Context = Context(),
+                calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """(metrics, extras) of the model on task.dev ("dev") or task.eval ("eval"), as the task's type scores them."""
+    examples = task.dev if split == "dev" else task.eval
+    predictions = predict_all(model, task, examples, batch_size, pad_id, device, impl, context)
+    return TYPES[task.type].score(task, split, predictions, metrics, calibration)

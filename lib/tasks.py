@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
@@ -50,14 +50,19 @@ class Example:
 
 @dataclass
 class TaskData:
+    """A task's model inputs. Classification's are `Example`s; the other types (lib/tasktypes) keep
+    their own examples here, each with the `ids` that batches sort by length."""
     name: str
-    label_names: list[str]  # index -> name
+    label_names: list[str]  # index -> name (tagging: the tags; [] where a type has no classes)
     train: list[Example]
     dev: list[Example]  # carved from train by hash; picks the best epoch
     eval: list[Example] | None  # the first of cfg.eval_splits; None when that split has no labels
     eval_split: str
     skipped: dict[str, int]  # dropped rows per "<train|eval>.<reason>"
     truncated: dict[str, int]  # examples cut to max_len per split: "train" (train + dev) and "eval"
+    type: str = "classification"
+    info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
+    references: dict[str, list] = field(default_factory=dict)  # "dev"/"eval": the rows a type scores against
 
 
 class Row(NamedTuple):
@@ -126,8 +131,30 @@ def _cut(ids: list[int], n: int, truncation: str) -> list[int]:
 def example_hash(row: Row) -> int:
     """A 64-bit hash of the example's text (read as a fraction of 2**64, uniform in [0, 1)): both
     texts of a pair, so the same sentence in two pairs is two examples."""
-    text = row.a if row.b is None else f"{row.a}\t{row.b}"
+    return text_hash(row.a if row.b is None else f"{row.a}\t{row.b}")
+
+
+def text_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def hashed_split(hashes: list[int], ties: list, key: str, *, dev_fraction: float, dev_max: int,
+                 max_train: int | None) -> tuple[list[int], list[int]]:
+    """(train indices, dev indices) of train items with these hashes: dev is the hash range below
+    dev_fraction (at most dev_max items), train the rest, at most max_train of smallest hash (`ties`
+    breaks equal hashes). Raises UserError naming `key` when either side is empty."""
+    dev_ids = _carve_dev(hashes, dev_fraction, dev_max)
+    train_ids = [i for i in range(len(hashes)) if i not in dev_ids]
+    if not dev_ids or not train_ids:
+        side = "dev" if not dev_ids else "train"
+        raise UserError(f"{key}: no {side} examples left after hashing finetune.dev_fraction = {dev_fraction} "
+                        f"of the {len(hashes)} train rows into dev; use more data or change dev_fraction")
+    return _smallest(train_ids, hashes, ties, max_train), sorted(dev_ids)
+
+
+def hashed_subset(hashes: list[int], ties: list, limit: int | None) -> list[int]:
+    """The indices of at most `limit` items of smallest hash, in their order."""
+    return _smallest(list(range(len(hashes))), hashes, ties, limit)
 
 
 @dataclass
@@ -156,22 +183,15 @@ def read_task(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int, 
     label_names, index = _label_index(cfg, train_rows, key)
     train_rows = [row._replace(label=index[row.label]) for row in train_rows]
 
-    train_hash = [example_hash(row) for row in train_rows]
-    dev_ids = _carve_dev(train_hash, dev_fraction, dev_max)
-    train_ids = [i for i in range(len(train_rows)) if i not in dev_ids]
-    if not dev_ids or not train_ids:
-        side = "dev" if not dev_ids else "train"
-        raise UserError(f"{key}: no {side} examples left after hashing finetune.dev_fraction = {dev_fraction} "
-                        f"of the {len(train_rows)} train rows into dev; use more data or change dev_fraction")
-    train_ids = _smallest(train_ids, train_hash, [row.label for row in train_rows], max_train)
+    train_ids, dev_ids = hashed_split([example_hash(row) for row in train_rows], [row.label for row in train_rows],
+                                      key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train)
     evaluation = None
     if not all(_unlabeled(row.label) for row in eval_rows):
         eval_rows = [row._replace(label=_eval_index(row.label, index, eval_split, key)) for row in eval_rows]
-        eval_hash = [example_hash(row) for row in eval_rows]
-        kept = _smallest(list(range(len(eval_rows))), eval_hash, [row.label for row in eval_rows], max_eval)
+        kept = hashed_subset([example_hash(row) for row in eval_rows], [row.label for row in eval_rows], max_eval)
         evaluation = [eval_rows[i] for i in kept]
     return TaskRows(name=name, label_names=label_names, train=[train_rows[i] for i in train_ids],
-                    dev=[train_rows[i] for i in sorted(dev_ids)], eval=evaluation, eval_split=eval_split,
+                    dev=[train_rows[i] for i in dev_ids], eval=evaluation, eval_split=eval_split,
                     skipped=skipped)
 
 

@@ -1,9 +1,9 @@
-"""Stage `finetune` (ULMFiT step 3): classifiers for each task x variant x seed, from the adapted model.
+"""Stage `finetune` (ULMFiT step 3): a model for each task x variant x seed, from the adapted model.
 
-For every task in finetune.tasks it loads the labeled data (lib/tasks.py), trains each variant
+For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasktypes/), trains each variant
 (ulmfit, plain, from_scratch, frozen; lib/finetune.py) once per seed, and writes:
-- --out/<task>/: the classifier with the best dev score of all its runs (lib/classifier.py format,
-  with label names and the tokenizer), for `distill` and `evaluate`;
+- --out/<task>/: the model with the best dev score of all its runs (lib/classifier.py format, with
+  the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
 - an MLflow child run per task x variant x seed under this stage's run.
@@ -26,7 +26,7 @@ from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_jso
 from lib.raw import localize
 from lib.model import MODEL_FILE, load_model
 from lib.progress import Progress, RunTimes, duration
-from lib.tasks import load_task
+from lib.tasktypes import TYPES
 from lib.tokenizer import load_tokenizer, saved_special_ids
 
 BEST = "best"
@@ -73,8 +73,9 @@ def main() -> None:
     with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
-            task = load_task(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction, dev_max=cfg.dev_max,
-                             max_train=cfg.train_limit(name), max_eval=cfg.eval_limit(name))
+            task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
+                                             dev_max=cfg.dev_max, max_train=cfg.train_limit(name),
+                                             max_eval=cfg.eval_limit(name))
             distributed.say(context, f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
                 f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
@@ -138,7 +139,8 @@ def finetune_once(name, variant, seed, task, metric_names, adapted, params, devi
     best = json.loads(best_record.read_text(encoding="utf-8")) if best_record.is_file() else None
     score = result.dev[metric_names[0]]
     if best is None or best["fingerprint"] != run_id or score > best["dev_score"]:
-        meta = {"task": name, "label_names": task.label_names, "variant": variant, "seed": seed,
+        meta = {"task": name, "type": task.type, "info": task.info, "label_names": task.label_names,
+                "variant": variant, "seed": seed,
                 "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}

@@ -1,18 +1,20 @@
 """For the task-type tests: tokenizers (tiny ones of each algorithm lib.tokenizer trains, and MiniLM's
 WordPiece tokenizer.json as lib.hf imports it, specials as role -> id), a one-thread fixture, and a
-tiny backbone trained with a head on one batch."""
+tiny backbone trained with a task type's head on one batch."""
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 import torch
 
-from lib.config import SpecialTokens, TokenizerConfig
+from lib.config import FinetuneConfig, SpecialTokens, TokenizerConfig
+from lib.finetune import setup
 from lib.hf import import_tokenizer
 from lib.model import Transformer, TransformerConfig
+from lib.tasks import TaskData
+from lib.tasktypes import TYPES
 from lib.tokenizer import special_ids, train_tokenizer
 from tests.helpers import ROOT
 
@@ -72,19 +74,26 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def fit_on_one_batch(vocab_size: int, make_head: Callable[[], torch.nn.Module],
-                     outputs_of: Callable[[Transformer, torch.nn.Module], Any], loss_of: Callable[[Any], torch.Tensor],
-                     steps: int, max_positions: int = 64) -> Any:
-    """A 1-layer, 32-wide lib.model backbone (seed 0) and make_head()'s head trained together by Adam
-    for `steps` steps on the loss_of the outputs_of(backbone, head) of one batch; the last outputs."""
+def toy_task(task_type: str, examples: list, label_names: list[str] = (), **info) -> TaskData:
+    """A TaskData of `task_type` training on `examples` (no dev or evaluation split)."""
+    return TaskData(name="toy", label_names=list(label_names), train=examples, dev=[], eval=None, eval_split="",
+                    skipped={}, truncated={}, type=task_type, info=info)
+
+
+def fit_on_one_batch(vocab_size: int, task: TaskData, batch: dict[str, torch.Tensor], steps: int,
+                     max_positions: int = 64) -> torch.Tensor:
+    """A 1-layer, 32-wide lib.model backbone (seed 0) with the plain head of the task's type
+    (lib.finetune.setup, no dropout), trained by Adam for `steps` steps on the type's loss on one
+    batch, through the type's forward; the last outputs."""
     torch.manual_seed(0)
     backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                                              dropout=0.0, max_positions=max_positions))
-    head = make_head()
-    optimizer = torch.optim.Adam([*backbone.parameters(), *head.parameters()], lr=1e-2)
+    kind = TYPES[task.type]
+    model = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0), task.type).model
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
-        outputs = outputs_of(backbone, head)
+        outputs, _ = kind.forward(model, batch)
         optimizer.zero_grad()
-        loss_of(outputs).backward()
+        kind.loss(outputs, batch, task).backward()
         optimizer.step()
-    return outputs
+    return outputs.detach()

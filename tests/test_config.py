@@ -189,6 +189,10 @@ def test_task_fields(chdir_root, tmp_path, default_params):
         tmp_path, default_params)
     default_params["tasks"]["mrpc"].update(type="tagging", metrics=None)
     assert load(tmp_path, default_params).tasks["mrpc"].metrics == ["f1"]  # the type's default
+    default_params["finetune"]["tasks"] = ["mrpc"]
+    assert "finetune.variants: the frozen probe is built for classification tasks only so far, and tasks.mrpc is " \
+           "tagging" in error_of(tmp_path, default_params)
+    default_params["finetune"]["tasks"] = ["imdb", "sst2"]
     default_params["tasks"]["mrpc"].update(type="classification")
     default_params["tasks"]["mrpc"]["metrics"] = ["f1"]
     default_params["tasks"]["sst2"]["max_len"] = 1024  # checked for the tasks that finetune trains

@@ -7,8 +7,8 @@ import torch
 
 from lib.metrics import choice_accuracy
 from lib.tasks import encode as encode_texts
-from lib.tasktypes.multiple_choice import Head, Question, collate, decode, encode, loss, read_rows
-from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread  # noqa: F401
+from lib.tasktypes.multiple_choice import TYPE, Question, collate, encode, loss, read_rows
+from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "the chicken cannot fly it he she went home crosses road flies sold couches dog days of summer".split()
@@ -66,16 +66,6 @@ def test_choices_are_pairs_grouped_and_padded(tokenizer):
     assert encode(items, tokenizer, SPECIAL, 6, "head")[1] > 0  # sequences cut to max_len are counted
 
 
-def test_head_scores_each_choice_and_perfect_scores_are_accurate():
-    head = Head(8, dropout=0.0)
-    scores = head(torch.randn(5, 4, 8))
-    assert scores.shape == (5, 4)
-    labels = torch.tensor([0, 3, 1, 2, 3])
-    perfect = torch.nn.functional.one_hot(labels, 4).float()
-    assert decode(perfect) == labels.tolist()
-    assert choice_accuracy(perfect, labels) == 1.0
-
-
 def test_the_gradient_raises_the_right_choice_and_lowers_the_others():
     scores = torch.zeros(2, 4, requires_grad=True)
     batch = {"labels": torch.tensor([2, 0])}
@@ -89,19 +79,14 @@ def test_the_gradient_raises_the_right_choice_and_lowers_the_others():
 
 
 def test_a_tiny_backbone_with_the_head_learns_the_right_endings(tokenizer, one_thread):
-    """The batch flattened to (B * n_choices, T) through a real backbone, [bos] states viewed back as
-    (B, n_choices, d): a few steps fit three questions exactly."""
+    """The type's forward runs the encoder over the (B * n_choices, T) flattened batch and views the
+    scores back as (B, n_choices): a few steps fit three questions exactly."""
     items = [Question("the chicken cannot fly it", ["flies", "crosses the road", "sold couches", "went home"], 1),
              Question("the dog", ["went home", "flies", "sold the couches", "crosses"], 2),
              Question("she", ["flies", "sold", "went", "crosses the road home"], 0)]
     features, _ = encode(items, tokenizer, SPECIAL, 64, "head")
-    batch = collate(features, SPECIAL["pad"])
-    B, C, T = batch["input_ids"].shape
-
-    def scores_of(backbone, head):
-        hidden = backbone(*(batch[name].view(B * C, T) for name in ("input_ids", "segment_ids", "attention_mask")))
-        return head(hidden[:, 0].view(B, C, -1))
-
-    scores = fit_on_one_batch(tokenizer.get_vocab_size(), lambda: Head(32, dropout=0.0), scores_of,
-                              lambda scores: loss(scores, batch), steps=30)
-    assert decode(scores) == [1, 2, 0]
+    task = toy_task("multiple_choice", features)
+    scores = fit_on_one_batch(tokenizer.get_vocab_size(), task, collate(features, SPECIAL["pad"]), steps=30)
+    assert scores.shape == (3, 4)
+    predictions = TYPE.predict(scores, features, task)
+    assert choice_accuracy(predictions, [1, 2, 0]) == 1.0

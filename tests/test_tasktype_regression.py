@@ -10,8 +10,8 @@ import torch
 from lib.errors import UserError
 from lib.metrics import pearson, spearman
 from lib.tasks import encode as encode_texts
-from lib.tasktypes.regression import Head, Scored, collate, decode, encode, loss, read_rows, target_scale
-from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread  # noqa: F401
+from lib.tasktypes.regression import TYPE, Scored, collate, encode, read_rows, target_scale
+from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 WORDS = "a man woman is playing the guitar flute dog runs on grass cat sleeps sofa".split()
@@ -58,25 +58,18 @@ def test_collate_pads_to_the_longest_with_float_labels(tokenizer):
     assert (batch["input_ids"][0, short:] == SPECIAL["pad"]).all()
 
 
-def test_head_standardisation_round_trip():
-    """The linear layer's output is a standardised score: 0 is the train mean, 1 one std above it."""
+def test_the_output_is_a_standardised_score():
+    """The model's output is a standardised score: 0 is the train mean, 1 one std above it, and the
+    loss is the MSE in those units."""
     items = [Scored("a", "b", v) for v in (1.0, 2.0, 3.0, 4.0, 5.0)]
     mean, std = target_scale(items, "tasks.stsb")
     assert (mean, std) == pytest.approx((3.0, math.sqrt(2.0)))
-    head = Head(4, mean, std, dropout=0.0)
-    with torch.no_grad():
-        head.linear.weight.zero_()
-        head.linear.bias.zero_()
-        assert decode(head(torch.randn(3, 4))) == pytest.approx([3.0] * 3)  # a zero head predicts the mean
-        head.linear.weight.copy_(torch.tensor([[1.0, 0, 0, 0]]))
-        standardised = torch.tensor([-1.5, 0.0, 2.0])
-        pooled = torch.zeros(3, 4)
-        pooled[:, 0] = standardised
-        assert decode(head(pooled)) == pytest.approx((standardised * std + mean).tolist())
-    # the scale travels with the weights
-    loaded = Head(4)
-    loaded.load_state_dict(head.state_dict())
-    assert (loaded.mean.item(), loaded.std.item()) == pytest.approx((mean, std))
+    task = toy_task("regression", [], mean=mean, std=std)
+    standardised = torch.tensor([[-1.5], [0.0], [2.0]])
+    assert TYPE.predict(standardised, [], task) == pytest.approx((standardised[:, 0] * std + mean).tolist())
+    batch = {"labels": standardised[:, 0] * std + mean}
+    assert TYPE.loss(standardised, batch, task).item() == pytest.approx(0.0, abs=1e-12)
+    assert TYPE.loss(standardised + 1.0, batch, task).item() == pytest.approx(1.0)
 
 
 def test_constant_targets_are_a_user_error():
@@ -84,13 +77,10 @@ def test_constant_targets_are_a_user_error():
         target_scale([Scored("a", "b", 2.0)] * 3, "tasks.stsb")
 
 
-def test_loss_is_mse_and_perfect_predictions_correlate_fully():
-    labels = torch.tensor([0.0, 1.2, 3.4, 5.0])
-    batch = {"labels": labels}
-    assert loss(labels.clone(), batch).item() == 0.0
-    assert loss(labels + 1.0, batch).item() == pytest.approx(1.0)
-    assert pearson(decode(labels), labels) == pytest.approx(1.0)
-    assert spearman(decode(labels), labels) == pytest.approx(1.0)
+def test_perfect_predictions_correlate_fully():
+    labels = [0.0, 1.2, 3.4, 5.0]
+    assert pearson(labels, labels) == pytest.approx(1.0)
+    assert spearman(labels, labels) == pytest.approx(1.0)
 
 
 def test_a_tiny_backbone_with_the_head_fits_the_scores(tokenizer, one_thread):
@@ -100,9 +90,7 @@ def test_a_tiny_backbone_with_the_head_fits_the_scores(tokenizer, one_thread):
              Scored("a woman is playing the flute", "a man is playing the guitar", 1.6),
              Scored("a cat sleeps", "the cat sleeps on a sofa", 3.5)]
     examples, _ = encode(items, tokenizer, SPECIAL, 64, "head")
-    batch = collate(examples, SPECIAL["pad"])
-    scores = fit_on_one_batch(
-        tokenizer.get_vocab_size(), lambda: Head(32, *target_scale(items, "tasks.stsb"), dropout=0.0),
-        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])[:, 0]),
-        lambda scores: loss(scores, batch), steps=40)
-    assert decode(scores) == pytest.approx([item.value for item in items], abs=0.3)
+    mean, std = target_scale(items, "tasks.stsb")
+    task = toy_task("regression", examples, mean=mean, std=std)
+    outputs = fit_on_one_batch(tokenizer.get_vocab_size(), task, collate(examples, SPECIAL["pad"]), steps=80)
+    assert TYPE.predict(outputs, examples, task) == pytest.approx([item.value for item in items], abs=0.3)

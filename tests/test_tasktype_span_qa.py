@@ -13,10 +13,10 @@ import torch
 
 from lib.errors import UserError
 from lib.metrics import apply_no_answer_threshold, normalize_answer, squad_scores
-from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Head, Question, collate, decode, encode, golds, loss,
+from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import WORDS, bpe, fit_on_one_batch, minilm, one_thread, tokenizer  # noqa: F401
+from tests.tasktype_helpers import WORDS, bpe, fit_on_one_batch, minilm, one_thread, tokenizer, toy_task  # noqa: F401
 
 MAX_LEN, STRIDE, MAX_QUESTION = 64, 20, 8  # answers of up to STRIDE tokens are whole in some window
 
@@ -166,7 +166,7 @@ def test_spans_respect_max_answer_len_and_the_context(bpe):
     assert texts["q"] == context[w.offsets[first][0]:w.offsets[far][1]]
 
 
-def test_head_loss_and_collate(bpe):
+def test_loss_and_collate(bpe):
     tokenizer, special = bpe
     context, starts = long_context()
     questions = answer_questions(context, starts, [(10, 11), (80, 80)])
@@ -175,8 +175,6 @@ def test_head_loss_and_collate(bpe):
     assert batch["input_ids"].shape == batch["candidates"].shape == (len(windows), max(len(w.ids) for w in windows))
     question_side = batch["segment_ids"] == 0
     assert batch["candidates"][:, NO_ANSWER].all() and not (batch["candidates"] & question_side)[:, 1:].any()
-    start, end = Head(16)(torch.randn(*batch["input_ids"].shape, 16))
-    assert start.shape == end.shape == batch["input_ids"].shape
     perfect = [torch.nn.utils.rnn.pad_sequence(logits, batch_first=True) for logits in perfect_logits(windows)]
     assert loss(perfect, batch).item() < 1e-3
     perfect[0][~batch["candidates"]] = 50.0  # logits off the candidates do not count
@@ -229,11 +227,10 @@ def test_a_tiny_backbone_with_the_head_learns_the_spans(bpe, one_thread):
     questions[1].question = "when was the city founded"  # the same question twice could not be told apart
     questions.append(Question("none", "which king settled in Paris", context, []))
     windows, _ = encode(questions, tokenizer, special, MAX_LEN, STRIDE, MAX_QUESTION)
-    batch = collate(windows, special["pad"])
-    outputs = fit_on_one_batch(
-        tokenizer.get_vocab_size(), lambda: Head(32),
-        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])),
-        lambda outputs: loss(outputs, batch), steps=80, max_positions=MAX_LEN)
-    texts, no_answer = decode(*(list(logits.detach()) for logits in outputs), windows, questions)
+    task = toy_task("span_qa", windows)
+    outputs = fit_on_one_batch(tokenizer.get_vocab_size(), task, collate(windows, special["pad"]), steps=80,
+                               max_positions=MAX_LEN)
+    assert outputs.shape == (len(windows), max(len(w.ids) for w in windows), 2)  # a start and an end logit
+    texts, no_answer = decode(*(list(logits) for logits in outputs.unbind(-1)), windows, questions)
     assert apply_no_answer_threshold(texts, no_answer, 0.0) == {**{q.id: q.answers[0].text for q in questions[:2]},
                                                                 "none": ""}

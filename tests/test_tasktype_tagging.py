@@ -12,9 +12,9 @@ from tokenizers import Tokenizer
 
 from lib.errors import UserError
 from lib.metrics import entity_scores
-from lib.tasktypes.tagging import IGNORE, Head, Sentence, collate, decode, encode, loss, read_rows, tag_set
+from lib.tasktypes.tagging import IGNORE, TYPE, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
-from tests.tasktype_helpers import MINILM, bpe, fit_on_one_batch, minilm, one_thread, tokenizer  # noqa: F401
+from tests.tasktype_helpers import MINILM, bpe, fit_on_one_batch, minilm, one_thread, tokenizer, toy_task  # noqa: F401
 
 CONLL = SHARED_DATA / "conll2003"
 SENTENCES = [Sentence("EU rejects German call to boycott British lamb .".split(),
@@ -101,7 +101,7 @@ def test_tag_set_has_both_tags_of_each_train_type_and_refuses_unseen_types(bpe):
         encode([unseen], tokenizer, special, 16, tag_set(SENTENCES), key="tasks.ner")
 
 
-def test_head_and_collate_shapes(bpe):
+def test_collate_shapes(bpe):
     tokenizer, special = bpe
     features, _ = encode(SENTENCES, tokenizer, special, 64, tag_set(SENTENCES))
     batch = collate(features, special["pad"])
@@ -111,8 +111,6 @@ def test_head_and_collate_shapes(bpe):
     padding = ~batch["attention_mask"][short]
     assert padding.any() and (batch["input_ids"][short][padding] == special["pad"]).all()
     assert (batch["labels"][short][padding] == IGNORE).all() and not batch["segment_ids"].any()
-    head = Head(16, 9)
-    assert head(torch.randn(2, longest, 16)).shape == (2, longest, 9)
 
 
 @pytest.mark.skipif(not CONLL.is_dir(), reason="needs ../shared/data/conll2003")
@@ -133,16 +131,22 @@ def test_conll_first_200_sentences_align_with_minilm():
 
 
 def test_a_tiny_backbone_with_the_head_learns_the_tags(bpe, one_thread):
-    """The head and loss on a real backbone's hidden states: a few steps fit two sentences exactly."""
+    """The type's per-token head and loss on a real backbone: a few steps fit two sentences exactly."""
     tokenizer, special = bpe
     tags = tag_set(SENTENCES)
     features, _ = encode(SENTENCES, tokenizer, special, 64, tags)
-    batch = collate(features, special["pad"])
-    logits = fit_on_one_batch(
-        tokenizer.get_vocab_size(), lambda: Head(32, len(tags), dropout=0.0),
-        lambda backbone, head: head(backbone(batch["input_ids"], batch["segment_ids"], batch["attention_mask"])),
-        lambda logits: loss(logits, batch), steps=60)
-    assert decode(list(logits.detach()), features, tags) == [s.tags for s in SENTENCES]
+    task = toy_task("tagging", features, tags)
+    logits = fit_on_one_batch(tokenizer.get_vocab_size(), task, collate(features, special["pad"]), steps=60)
+    assert TYPE.predict(logits, features, task) == [s.tags for s in SENTENCES]
+    assert TYPE.units(features[0]) == len(SENTENCES[0].words)  # the loss's mean is over the tagged words
+
+
+def test_a_batch_without_a_tagged_word_has_zero_loss():
+    batch = {"labels": torch.full((2, 5), IGNORE)}
+    logits = torch.randn(2, 5, 9, requires_grad=True)
+    value = loss(logits, batch)
+    value.backward()
+    assert value.item() == 0.0 and not logits.grad.any()
 
 
 def test_a_tokenizer_that_pads_on_its_own_is_refused():

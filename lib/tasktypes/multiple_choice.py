@@ -8,8 +8,8 @@
 - Each choice is encoded as its own pair by `lib.tasks.encode`, `[bos] context [eos] ending [eos]`,
   segment 0 then 1, cut longest-first to max_len (so a long context gives way before a short ending).
   A feature holds its question's n_choices sequences; a batch pads all of them to its longest one.
-- The caller runs the encoder on the (B * n_choices, T) flattened batch and pools each sequence, as
-  for classification; the head scores each pooled state with one linear layer d -> 1, and the loss is
+- The type's forward runs the model on the (B * n_choices, T) flattened batch, its head (one output)
+  scoring each sequence's pooled state as for classification, viewed back as (B, n_choices); the loss is
   cross-entropy over a question's scores (B, n_choices): the choices compete, as in BERT's SWAG head
   (Devlin et al. 2019, section 4.4), rather than each being judged right or wrong on its own.
 """
@@ -17,14 +17,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lib.config import TaskConfig
+from lib.metrics import choice_accuracy
+from lib.tasks import TaskData, padded
 from lib.tasks import encode as encode_texts
-from lib.tasks import padded
+from lib.tasktypes.base import TaskType, read_split
 
 
 class Question(NamedTuple):
@@ -94,25 +97,55 @@ def collate(features: list[Choices], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class Head(nn.Module):
-    """Dropout and a linear layer d -> 1 on each choice's pooled state: (B, n_choices, d) -> (B, n_choices)
-    scores. The caller pools the encoder's states of the batch flattened to (B * n_choices, T) and views
-    them back as (B, n_choices, d)."""
-
-    def __init__(self, d_model: int, dropout: float = 0.1):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.linear = nn.Linear(d_model, 1)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.dropout(pooled)).squeeze(-1)
-
-
 def loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Cross-entropy of the right choice among each question's choices (in float32)."""
     return F.cross_entropy(scores.float(), batch["labels"])
 
 
-def decode(scores: torch.Tensor) -> list[int]:
-    """The index of each question's highest-scored choice (the first on a tie, as choice_accuracy)."""
-    return scores.detach().argmax(dim=-1).cpu().tolist()
+class MultipleChoice(TaskType):
+    """The encoder runs over every (context, ending) sequence of a batch, (B * n_choices, T); the head
+    scores each sequence's summary state (one output), viewed back as (B, n_choices)."""
+
+    name = "multiple_choice"
+
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
+        rows = read_split(cfg, split, key, {"context": "text_field", "endings": "text_pair_field",
+                                            "label": "label_field"})
+        items, skipped = read_rows(rows, None if train is None else len(train[0].endings), context_field="context",
+                                   endings_field="endings", label_field="label")
+        return items, dict(skipped)
+
+    def hash_text(self, item: Question) -> str:
+        return "\t".join([item.context, *item.endings])
+
+    def prepare(self, cfg: TaskConfig, train: list[Question], key: str) -> tuple[list[str], dict[str, Any]]:
+        return [], {"n_choices": len(train[0].endings)}
+
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Choices], int]:
+        return encode(items, tokenizer, special, cfg.max_len, cfg.truncation)
+
+    def n_outputs(self, task: TaskData) -> int:
+        return 1
+
+    def collate(self, examples: Sequence[Choices], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
+        return collate(list(examples), pad_id)
+
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
+        shape = batch["input_ids"].shape[:2]
+        outputs, hidden = model(*(batch[k].flatten(0, 1) for k in ("input_ids", "segment_ids", "attention_mask")),
+                                output_hidden_states=output_hidden_states)
+        return outputs.view(shape), hidden
+
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
+        return loss(outputs, batch)
+
+    def predict(self, outputs: torch.Tensor, examples: Sequence[Choices], task: TaskData) -> list[list[float]]:
+        return outputs.float().tolist()
+
+    def score(self, task: TaskData, split: str, predictions: list[list[float]], metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        labels = [e.label for e in (task.dev if split == "dev" else task.eval)]
+        return {"accuracy": choice_accuracy(predictions, labels)}, {}
+
+
+TYPE = MultipleChoice()

@@ -6,31 +6,32 @@
   row (lib.tasks.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
 - Texts are laid out as lib.tasks lays out classification inputs, by `lib.tasks.encode`:
   `[bos] a [eos] b [eos]`, segment 0 then 1, cut longest-first to max_len.
-- The head is one linear layer d -> 1 over the pooled state of the sequence (the caller pools, as it
-  does for classification). Its raw output is read as a standardised score: prediction = raw * std +
-  mean, with the train targets' mean and std stored in the head. A freshly initialised head then
+- The model is the task's sequence model (lib.classifier.Classifier) with one output, read as a
+  standardised score: prediction = output * std + mean, with the train targets' mean and std kept in
+  the task's info and saved with the model (classifier.json). A freshly initialised head then
   predicts about the mean, and its weights need the same small scale as a classifier's to reach ±1
   std, so the learning rate that finetunes a classifier also fits 0-5 targets. Unstandardised, the
   head starts near 0, and at 2e-5 AdamW moves its bias by at most about 2e-5 a step: the encoder
-  must bend to reach train's mean of 2.7. Measured on STS-B (MiniLM-L6's [CLS] state, 100 steps of 32 pairs at 2e-5,
-  one seed): validation Pearson 0.809 / Spearman 0.816 / RMSE 0.96 standardised, 0.673 / 0.576 / 1.23
-  not. The loss is MSE in label units; AdamW normalises the gradient's scale, so standardising the
-  loss as well would change little but its printed value (and how soon clip_norm clips).
+  must bend to reach train's mean of 2.7. Measured on STS-B (MiniLM-L6's [CLS] state, 100 steps of 32
+  pairs at 2e-5, one seed): validation Pearson 0.809 / Spearman 0.816 / RMSE 0.96 standardised, 0.673
+  / 0.576 / 1.23 not. The loss is the MSE in standardised units.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from lib.config import TaskConfig
 from lib.errors import UserError
-from lib.tasks import UNLABELED, padded
+from lib.metrics import pearson, spearman
+from lib.tasks import UNLABELED, TaskData, padded
 from lib.tasks import encode as encode_texts
+from lib.tasktypes.base import TaskType, read_split
 
 
 class Scored(NamedTuple):
@@ -114,30 +115,46 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class Head(nn.Module):
-    """Dropout and a linear layer d -> 1 on the pooled state (B, d); -> (B,) scores in label units.
-    mean and std (`target_scale`) are buffers, saved with the weights, so a loaded head predicts on
-    the scale it was trained on."""
+class Regression(TaskType):
+    """The model puts out a standardised score (z = (score - mean) / std of the train scores, kept in the
+    task's info and saved with the model), learnt by MSE in those units; predictions are z * std + mean."""
 
-    def __init__(self, d_model: int, mean: float = 0.0, std: float = 1.0, dropout: float = 0.1):
-        super().__init__()
-        if not std > 0:
-            raise ValueError(f"std must be positive, got {std}")
-        self.dropout = nn.Dropout(dropout)
-        self.linear = nn.Linear(d_model, 1)
-        self.register_buffer("mean", torch.tensor(float(mean)))
-        self.register_buffer("std", torch.tensor(float(std)))
+    name = "regression"
 
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        standardised = self.linear(self.dropout(pooled)).squeeze(-1)
-        return standardised * self.std + self.mean
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Scored], dict[str, int]]:
+        fields = {"a": "text_field", "label": "label_field", **({"b": "text_pair_field"} if cfg.text_pair_field else {})}
+        items, skipped = read_rows(read_split(cfg, split, key, fields), text_field="a",
+                                   text_pair_field="b" if cfg.text_pair_field else None)
+        return items, dict(skipped)
+
+    def hash_text(self, item: Scored) -> str:
+        return item.a if item.b is None else f"{item.a}\t{item.b}"
+
+    def fit(self, cfg: TaskConfig, train: list[Scored], key: str) -> dict[str, Any]:
+        mean, std = target_scale(train, f"{key}.label_field")
+        return {"mean": mean, "std": std}
+
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Example], int]:
+        return encode(items, tokenizer, special, cfg.max_len, cfg.truncation)
+
+    def n_outputs(self, task: TaskData) -> int:
+        return 1
+
+    def collate(self, examples: Sequence[Example], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
+        return collate(list(examples), pad_id)
+
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
+        target = (batch["labels"] - task.info["mean"]) / task.info["std"]
+        return F.mse_loss(outputs[:, 0].float(), target)
+
+    def predict(self, outputs: torch.Tensor, examples: Sequence[Example], task: TaskData) -> list[float]:
+        return (outputs[:, 0].float() * task.info["std"] + task.info["mean"]).tolist()
+
+    def score(self, task: TaskData, split: str, predictions: list[float], metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        gold = [e.value for e in (task.dev if split == "dev" else task.eval)]
+        functions = {"pearson": pearson, "spearman": spearman}
+        return {m: functions[m](predictions, gold) for m in metrics}, {}
 
 
-def loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean squared error in label units (in float32, whatever the autocast dtype)."""
-    return F.mse_loss(scores.float(), batch["labels"].float())
-
-
-def decode(scores: torch.Tensor) -> list[float]:
-    """The predicted scores, for lib.metrics.pearson / spearman."""
-    return scores.detach().float().cpu().tolist()
+TYPE = Regression()

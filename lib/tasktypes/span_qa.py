@@ -40,9 +40,13 @@ from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from lib.config import TaskConfig
 from lib.errors import UserError
+from lib.metrics import apply_no_answer_threshold, best_no_answer_threshold, squad_scores
+from lib.sources import split_columns
+from lib.tasks import TaskData
+from lib.tasktypes.base import TaskType, read_split
 from lib.tokenizer import check_plain
 
 NO_ANSWER = 0  # the [bos] position: the target and the score of "no answer"
@@ -208,19 +212,6 @@ def collate(windows: Sequence[Window], pad_id: int) -> dict[str, torch.Tensor]:
             "end_positions": torch.tensor([w.end for w in windows]), "candidates": candidates}
 
 
-class Head(nn.Module):
-    """BertForQuestionAnswering's head: one linear layer giving each position a start and an end logit."""
-
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.linear = nn.Linear(d_model, 2)
-
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, d_model) -> (start logits (B, T), end logits (B, T))."""
-        start, end = self.linear(hidden).unbind(-1)
-        return start, end
-
-
 def loss(outputs: tuple[torch.Tensor, torch.Tensor], batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean of the start and end cross-entropies over the candidate positions."""
     allowed = batch["candidates"]
@@ -268,3 +259,63 @@ def _best_span(starts: torch.Tensor, ends: torch.Tensor, candidate: list[bool],
 def golds(questions: Sequence[Question]) -> dict[str, list[str]]:
     """{question id: its gold answer texts} ([] for unanswerable), as lib.metrics.squad_scores takes them."""
     return {q.id: [a.text for a in q.answers] for q in questions}
+
+
+class SpanQA(TaskType):
+    """Start and end logits from the head's two outputs at every position; questions fall into train or
+    dev by their context, so no paragraph is in both. Predictions are per window, decoded per question
+    when a split is scored; on SQuAD 2.0 data (a train question without answers) the no-answer
+    threshold is the best one on dev, and the evaluation split is answered with dev's."""
+
+    name = "span_qa"
+    per_token = True
+    head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
+
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
+        fields = {"question": "text_field", "context": "text_pair_field", "answers": "label_field"}
+        has_id = "id" in split_columns(cfg.source, split, key)
+        rows = ({**row, "id": row["id"] if has_id else n}
+                for n, row in enumerate(read_split(cfg, split, key, fields, ["id"] if has_id else [])))
+        questions, counts = read_rows(rows)
+        return questions, dict(counts)
+
+    def hash_text(self, item: Question) -> str:
+        return item.context
+
+    def prepare(self, cfg: TaskConfig, train: list[Question], key: str) -> tuple[list[str], dict[str, Any]]:
+        return [], {"unanswerable": any(not q.answers for q in train), "max_answer_len": cfg.max_answer_len,
+                    "stride": cfg.stride, "max_question_len": cfg.max_question_len}
+
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Window], int]:
+        windows, counts = encode(items, tokenizer, special, cfg.max_len, cfg.stride, cfg.max_question_len, key)
+        return windows, counts["truncated_questions"]
+
+    def n_outputs(self, task: TaskData) -> int:
+        return 2
+
+    def collate(self, examples: Sequence[Window], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
+        return collate(examples, pad_id)
+
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
+        return loss(outputs.unbind(-1), batch)
+
+    def predict(self, outputs: torch.Tensor, examples: Sequence[Window], task: TaskData) -> list[torch.Tensor]:
+        return [window_logits[:len(w.ids)].float().cpu() for window_logits, w in zip(outputs, examples)]
+
+    def score(self, task: TaskData, split: str, predictions: list[torch.Tensor], metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        questions, windows = task.references[split], task.dev if split == "dev" else task.eval
+        texts, no_answer = decode([p[:, 0] for p in predictions], [p[:, 1] for p in predictions], windows, questions,
+                                  task.info["max_answer_len"])
+        extras: dict[str, Any] = {}
+        if task.info["unanswerable"]:
+            threshold = (calibration or {}).get("threshold")
+            if threshold is None:
+                threshold = best_no_answer_threshold(texts, golds(questions), no_answer)["best_f1_threshold"]
+            texts = apply_no_answer_threshold(texts, no_answer, threshold)
+            extras["threshold"] = threshold
+        scores = squad_scores(texts, golds(questions))
+        return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
+
+
+TYPE = SpanQA()

@@ -32,9 +32,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from lib.config import TaskConfig
 from lib.errors import UserError
+from lib.metrics import entity_scores
+from lib.tasks import TaskData
+from lib.tasktypes.base import TaskType, read_split
 from lib.tokenizer import check_plain
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
@@ -145,21 +148,13 @@ def collate(features: Sequence[Features], pad_id: int) -> dict[str, torch.Tensor
             "labels": labels}
 
 
-class Head(nn.Module):
-    """BertForTokenClassification's head: dropout and a linear layer on every position's hidden state."""
-
-    def __init__(self, d_model: int, n_tags: int, dropout: float = 0.1):
-        super().__init__()
-        self.dropout, self.linear = nn.Dropout(dropout), nn.Linear(d_model, n_tags)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, T, d_model) -> (B, T, n_tags) logits."""
-        return self.linear(self.dropout(hidden))
-
-
 def loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy over the positions that carry a tag (first subwords)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE)
+    """Mean cross-entropy over the positions that carry a tag (first subwords); 0 for a batch without
+    one (every word cut by max_len), whose mean would be nan."""
+    labels = batch["labels"].flatten()
+    if not (labels != IGNORE).any():
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels, ignore_index=IGNORE)
 
 
 def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_names: list[str]) -> list[list[str]]:
@@ -170,3 +165,49 @@ def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_nam
         best = sentence_logits[f.word_starts].argmax(-1).tolist()
         predicted.append([tag_names[i] for i in best] + [OUTSIDE] * (f.n_words - len(f.word_starts)))
     return predicted
+
+
+class Tagging(TaskType):
+    """A tag per word from the head's outputs at the word's first subword; the loss's mean is over
+    the tagged positions, so `units` counts them."""
+
+    name = "tagging"
+    per_token = True
+
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Sentence], dict[str, int]]:
+        sentences, skipped = read_rows(read_split(cfg, split, key, {"tokens": "text_field", "tags": "label_field"}),
+                                       "tokens", "tags")
+        return sentences, dict(skipped)
+
+    def hash_text(self, item: Sentence) -> str:
+        return " ".join(item.words)
+
+    def prepare(self, cfg: TaskConfig, train: list[Sentence], key: str) -> tuple[list[str], dict[str, Any]]:
+        return list(cfg.label_names) if cfg.label_names else tag_set(train), {}
+
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Features], int]:
+        features, counts = encode(items, tokenizer, special, cfg.max_len, label_names, f"{key}.label_field")
+        return features, counts["truncated"]
+
+    def n_outputs(self, task: TaskData) -> int:
+        return len(task.label_names)
+
+    def collate(self, examples: Sequence[Features], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
+        return collate(examples, pad_id)
+
+    def units(self, example: Features) -> int:
+        return len(example.word_starts)
+
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
+        return loss(outputs, batch)
+
+    def predict(self, outputs: torch.Tensor, examples: Sequence[Features], task: TaskData) -> list[list[str]]:
+        return decode(list(outputs.float().cpu()), examples, task.label_names)
+
+    def score(self, task: TaskData, split: str, predictions: list[list[str]], metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        scores = entity_scores([s.tags for s in task.references[split]], predictions)
+        return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"]}
+
+
+TYPE = Tagging()
