@@ -261,15 +261,32 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     return report
 
 
+# What a task's field holds where it is not one text per row (a field not named here is: the fields of
+# classification, regression and span_qa, whose question and context are texts and whose answers field, the
+# label, is not read). Tagging's text_field is a list of words, which a document holds joined by spaces.
+# Multiple_choice's text_pair_field is a list of endings, each of which completes the context (text_field)
+# into the text a document would hold ("The chicken cannot fly. It" + " " + "crosses the road."): an ending
+# alone is a fragment, mostly shorter than the words decontamination matches on, and as generic.
+FIELD_KINDS = {"tagging": {"text_field": "words"}, "multiple_choice": {"text_pair_field": "endings"}}
+
+
 def eval_text_spec(params: Params) -> dict[str, dict[str, Any]]:
     """Per task, the folder in data/raw, evaluation splits and text fields whose texts `clean` removes
-    from the LM corpora. The data stage writes it into data/raw (write_eval_text_spec), so clean
-    depends on it through data/raw's content rather than on the whole `tasks` section: a change of a
-    task's max_len or metrics, or of which tasks finetune selects, does not rerun clean."""
-    return {name: {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
-                   "fields": {key: getattr(task, key) for key in ("text_field", "text_pair_field")
-                              if getattr(task, key) is not None}}
-            for name, task in sorted(params.tasks.items())}
+    from the LM corpora, and `kinds`, what a field holds where it is not one text (FIELD_KINDS; absent when
+    every field is one, so a classification task's entry reads as it did before task types). The data stage
+    writes it into data/raw (write_eval_text_spec), so clean depends on it through data/raw's content rather
+    than on the whole `tasks` section: a change of a task's max_len or metrics, or of which tasks finetune
+    selects, does not rerun clean."""
+    spec = {}
+    for name, task in sorted(params.tasks.items()):
+        fields = {key: getattr(task, key) for key in ("text_field", "text_pair_field")
+                  if getattr(task, key) is not None}
+        spec[name] = {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
+                      "fields": fields}
+        kinds = {key: kind for key, kind in FIELD_KINDS.get(task.type, {}).items() if key in fields}
+        if kinds:
+            spec[name]["kinds"] = kinds
+    return spec
 
 
 def write_eval_text_spec(params: Params, out: Path) -> None:

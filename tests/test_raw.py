@@ -1,6 +1,7 @@
 """The data stage (lib/raw.py): hub ids read without the network, the mirror and the hub giving the same
 data/raw, local sources copied and re-read when their content changes, one-line errors offline."""
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -251,7 +252,8 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
     assert read_eval_text_spec(tmp_path / "raw")["sst2"] == {
         "folder": "sst2", "splits": sst2.eval_splits, "fields": {"text_field": sst2.text_field}}
     texts = list(eval_texts(read_eval_text_spec(tmp_path / "raw"), tmp_path / "raw"))
-    expected = [row[params.tasks[name].text_field] for name in ("imdb", "sst2") for split in params.tasks[name].eval_splits
+    expected = [row[params.tasks[name].text_field] for name in ("imdb", "sst2")
+                for split in params.tasks[name].eval_splits
                 for row in read_records(str(tmp_path / "raw" / name), split, "x")]
     assert texts == expected and texts
     params.tasks["sst2"].max_len = 32
@@ -266,9 +268,11 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
 
 
 # The hub ids of the task datasets, pinned where a commit could be confirmed offline (see lib/raw.py LAYOUTS)
-HUB_IDS = {"conll2003": "hf:eriktks/conll2003@refs/convert/parquet", "squad": "hf:rajpurkar/squad@" + "7b6d24c4" * 5,
+HUB_IDS = {"conll2003": "hf:eriktks/conll2003@refs/convert/parquet",
+           "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
            "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
-           "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831", "codah": "hf:jaredfern/codah/fold_0"}
+           "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831",
+           "codah": "hf:jaredfern/codah/fold_0"}
 
 
 def iob2(tags: list[str]) -> list[str]:
@@ -316,7 +320,8 @@ def hub_versions(name: str, copy: dict[str, list[dict]]) -> dict[str, list[dict]
     if name == "conll2003":
         return {s: [{"id": r["id"], "tokens": r["tokens"], "pos_tags": [CONLL_POS.index(t) for t in r["pos_tags"]],
                      "chunk_tags": [CONLL_CHUNK.index(t) for t in iob2(r["chunk_tags"])],
-                     "ner_tags": [CONLL_NER.index(t) for t in r["ner_tags"]]} for r in rows] for s, rows in copy.items()}
+                     "ner_tags": [CONLL_NER.index(t) for t in r["ner_tags"]]} for r in rows]
+                for s, rows in copy.items()}
     if name in ("squad", "squad_v2"):
         return squad_hub(copy)
     if name == "stsb":
@@ -407,3 +412,78 @@ def test_the_copies_follow_the_rules_their_layouts_apply():
     for split in ("train", "validation", "test"):
         for row in head(SHARED_DATA / "conll2003" / f"{split}.jsonl.gz", 10**6):
             assert iob1(iob2(row["chunk_tags"])) == row["chunk_tags"] and iob2(row["ner_tags"]) == row["ner_tags"]
+
+
+def test_the_evaluation_text_spec_of_classification_tasks_reads_as_before_task_types(tmp_path):
+    """The default params' eval_texts.json, byte for byte as the data stage wrote it before tasks had a type
+    (its SHA-256 then), so data/raw and what clean reads from it do not change for existing projects."""
+    write_eval_text_spec(load_params(ROOT / "params.yaml"), tmp_path)
+    written = (tmp_path / EVAL_TEXTS_FILE).read_bytes()
+    assert hashlib.sha256(written).hexdigest() == "b48a23a29072196ff2d49933e602c40685a1d064a021a46b90733b97f25dc61c"
+    assert b"kinds" not in written
+
+
+def test_evaluation_texts_of_each_task_type(tmp_path):
+    """Tagging's words joined by spaces, span_qa's question and context (not its answers), multiple_choice's
+    context alone and followed by each ending, regression's two sentences: read from real mirror rows."""
+    tiny_mirror(tmp_path / "mirror")
+    copies = {name: copy_rows(name) for name in ("conll2003", "squad", "stsb", "codah")}
+    for name, splits in copies.items():
+        for split, rows in splits.items():
+            write_jsonl_gz(tmp_path / "mirror" / name / f"{split}.jsonl.gz", rows)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["data"]["mirror"] = str(tmp_path / "mirror")
+    raw["corpora"]["pretrain"]["source"], raw["corpora"]["domain"]["source"] = WIKI, IMDB
+    raw["tasks"] = {  # imdb and sst2 stay: other sections name them
+        "imdb": {**raw["tasks"]["imdb"], "source": IMDB}, "sst2": {**raw["tasks"]["sst2"], "source": SST2},
+        "ner": {"source": HUB_IDS["conll2003"], "type": "tagging", "text_field": "tokens", "label_field": "ner_tags"},
+        "qa": {"source": HUB_IDS["squad"], "type": "span_qa", "text_field": "question", "text_pair_field": "context",
+               "label_field": "answers"},
+        "sts": {"source": HUB_IDS["stsb"], "type": "regression", "text_field": "sentence1",
+                "text_pair_field": "sentence2", "eval_splits": ["validation", "test"]},
+        "choice": {"source": HUB_IDS["codah"], "type": "multiple_choice", "text_field": "startphrase",
+                   "text_pair_field": "endings", "eval_splits": ["test"]}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = load_params(tmp_path / "params.yaml")
+    read_all(params, tmp_path / "raw")
+    write_eval_text_spec(params, tmp_path / "raw")
+    spec = {name: task for name, task in read_eval_text_spec(tmp_path / "raw").items()
+            if name not in ("imdb", "sst2")}
+    assert {name: task.get("kinds") for name, task in spec.items()} == {
+        "choice": {"text_pair_field": "endings"}, "ner": {"text_field": "words"}, "qa": None, "sts": None}
+    assert spec["ner"] == {"folder": "conll2003", "splits": ["validation"], "fields": {"text_field": "tokens"},
+                           "kinds": {"text_field": "words"}}
+    expected = {
+        "choice": [t for r in copies["codah"]["test"] for t in [r["startphrase"]] +
+                   [f"{r['startphrase']} {ending}" for ending in r["endings"]]],
+        "ner": [" ".join(r["tokens"]) for r in copies["conll2003"]["validation"]],
+        "qa": [t for r in copies["squad"]["validation"] for t in (r["question"], r["context"])],
+        "sts": [t for s in ("validation", "test") for r in copies["stsb"][s] for t in (r["sentence1"], r["sentence2"])]}
+    assert list(eval_texts(spec, tmp_path / "raw")) == [t for name in sorted(expected) for t in expected[name]]
+    assert "The chicken cannot fly. It crosses the road." in list(eval_texts(
+        {"choice": {**spec["choice"], "splits": ["train"]}}, tmp_path / "raw"))
+
+
+@pytest.mark.parametrize("kinds, value, message", [
+    ({}, ["EU", "rejects"], "holds list values, not text; name a text field"),
+    ({"text_field": "words"}, "EU rejects", "holds str values, not a list of words; name the field of its list of"),
+    ({"text_field": "words"}, ["EU", 3], "holds lists of int values, not a list of words"),
+])
+def test_an_evaluation_field_of_another_type_is_one_line_naming_its_key(tmp_path, kinds, value, message):
+    write_jsonl_gz(tmp_path / "raw" / "ner" / "validation.jsonl.gz", [{"tokens": value, "ner_tags": ["O", "O"]}])
+    spec = {"ner": {"folder": "ner", "splits": ["validation"], "fields": {"text_field": "tokens"}, "kinds": kinds}}
+    with pytest.raises(UserError) as info:
+        list(eval_texts(spec, tmp_path / "raw"))
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"tasks.ner.text_field: field 'tokens' of '{tmp_path / 'raw' / 'ner'}' split "
+                                      f"'validation' {message}")
+
+
+def test_endings_of_another_type_are_one_line_naming_their_key(tmp_path):
+    write_jsonl_gz(tmp_path / "raw" / "mc" / "test.jsonl.gz", [{"startphrase": "He", "endings": "ran.", "label": 0}])
+    spec = {"mc": {"folder": "mc", "splits": ["test"], "fields": {"text_field": "startphrase",
+                                                                  "text_pair_field": "endings"},
+                   "kinds": {"text_pair_field": "endings"}}}
+    with pytest.raises(UserError, match=r"^tasks.mc.text_pair_field: field 'endings' of .* split 'test' holds str "
+                                        r"values, not a list of endings"):
+        list(eval_texts(spec, tmp_path / "raw"))
