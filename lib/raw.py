@@ -8,9 +8,10 @@ one `<split>.jsonl.gz` per split (a local source: its data files, copied as they
 - a local source: its files (a relative path is read from the project root);
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.
-A hub dataset whose names differ from ours (IMDb's split `unsupervised`, GLUE's `sentence` fields,
-Wikipedia's single split) is mapped in LAYOUTS, the one place for it, onto the names of its mirror
-copy, so params read the same whichever way the rows came. A source already read with the same
+A hub dataset whose names or values differ from ours (IMDb's split `unsupervised`, GLUE's `sentence`
+fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article)
+is mapped in LAYOUTS, the one place for it, onto the names and values of its mirror copy, so params read
+the same whichever way the rows came. A source already read with the same
 identity (source, row cap, FORMAT; a local source's file contents) is not read again.
 """
 from __future__ import annotations
@@ -144,22 +145,29 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     ("nyu-mll/glue", "rte"): Layout("rte", ("text_a", "text_b", "label"), fields=GLUE_PAIR,
                                     splits={"test": "test_unlabeled"}),
     ("wikimedia/wikipedia", "20231101.en"): Layout("wikipedia_en", ("id", "title", "text"), deal=wikipedia_split),
-    # main holds a loading script, which `datasets` no longer runs: the id pins a commit of the hub's parquet
-    # export (branch refs/convert/parquet), read as its one config with the three splits
+    # Each task dataset's id as params name it. Its revision was not checked against the hub (no network
+    # here); it is the one other public projects pin, and how sure that is says each comment.
+    # hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb6a39b0: main holds a loading script, which
+    # `datasets` no longer runs; this is a commit of the hub's parquet export (refs/convert/parquet), one
+    # config with the three splits (pinned so by two projects, one checking the ClassLabel order as here)
     ("eriktks/conll2003", None): Layout("conll2003", ("id", "tokens", "pos_tags", "chunk_tags", "ner_tags"),
                                         convert=conll_row),
-    # the copies are the official dev sets only, split by article: the hub's train split is not read, its
+    # hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f (pinned so by several projects) and
+    # hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412 (by one; another names 3ffb306f): the
+    # copies are the official dev sets only, split by article, so the hub's train split is not read and its
     # validation split is dealt as the copies were, each of our splits in the copies' order (by title)
     ("rajpurkar/squad", None): Layout("squad", SQUAD, read=("validation",), deal=article_split, convert=squad_row,
                                       order=itemgetter("title")),
     ("rajpurkar/squad_v2", None): Layout("squad_v2", SQUAD, read=("validation",), deal=article_split,
                                          convert=squad_row, order=itemgetter("title")),
-    # the STS Benchmark files with their 0-5 scores, test labels included (GLUE's stsb withholds those,
-    # sentence-transformers/stsb scales scores to 0-1); the copy numbers each split's rows, the hub does not
+    # hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831 (mteb's own pin): the STS Benchmark
+    # files with their 0-5 scores, test labels included (GLUE's stsb withholds those, sentence-transformers/stsb
+    # scales scores to 0-1); the copy numbers each split's rows, the hub does not
     ("mteb/stsbenchmark-sts", None): Layout("stsb", ("idx", "genre", "filename", "year", "sentence1", "sentence2",
                                                      "label"), fields={"dataset": "filename", "score": "label"},
                                             numbered="idx"),
-    # the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
+    # hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd (main after its conversion to parquet;
+    # pinned so by one project): the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
     ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
                                           fields={"id": "idx", "question_category": "categories",
                                                   "question_propmt": "startphrase", "candidate_answers": "endings",

@@ -267,12 +267,12 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
         read_eval_text_spec(tmp_path / "raw")
 
 
-# The hub ids of the task datasets, pinned where a commit could be confirmed offline (see lib/raw.py LAYOUTS)
-HUB_IDS = {"conll2003": "hf:eriktks/conll2003@refs/convert/parquet",
+# The hub ids of the task datasets, as params name them (lib/raw.py LAYOUTS says where each revision comes from)
+HUB_IDS = {"conll2003": "hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb6a39b0",
            "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
            "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
            "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831",
-           "codah": "hf:jaredfern/codah/fold_0"}
+           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd"}
 
 
 def iob2(tags: list[str]) -> list[str]:
