@@ -16,7 +16,7 @@ from lib.config import CorpusConfig
 from lib.errors import UserError
 from lib.io import JsonlGzWriter
 from lib.progress import Progress
-from lib.sources import read_texts
+from lib.sources import read_rows, read_texts
 
 CORPORA = ("pretrain", "domain")  # the fields of lib.config.Corpora, in the order they are cleaned
 TRAIN, VALID = "train", "valid"
@@ -30,13 +30,48 @@ def in_valid_split(text: str, valid_fraction: float) -> bool:
 
 
 def eval_texts(spec: dict[str, dict], raw_dir: Path) -> Iterator[str]:
-    """Every text of every task's evaluation splits (both texts of a pair), as the data stage's
-    lib.raw.eval_text_spec names them, for decontamination."""
+    """Every text of every task's evaluation splits, as the data stage's lib.raw.eval_text_spec names them,
+    for decontamination: each text field's value (both texts of a pair; span_qa's question and context); by
+    the field's kind, a tagging task's words joined by single spaces, and a multiple_choice task's context
+    followed by each of its endings (lib.raw.FIELD_KINDS says why). A value of another type is a UserError
+    naming the task's field key."""
     for name, task in spec.items():
+        source, kinds = str(raw_dir / task["folder"]), task.get("kinds", {})
+        keys = {key: f"tasks.{name}.{key}" for key in task["fields"]}
         for split in task["splits"]:
-            for key, field in task["fields"].items():
-                yield from read_texts(str(raw_dir / task["folder"]), split, field, f"tasks.{name}.eval_splits",
-                                      field_key=f"tasks.{name}.{key}")
+            for row in read_rows(source, split, task["fields"], f"tasks.{name}.eval_splits", field_keys=keys):
+                where = {key: f"{keys[key]}: field '{task['fields'][key]}' of '{source}' split '{split}'"
+                         for key in keys}
+                for key, value in row.items():
+                    kind = kinds.get(key, "text")
+                    if kind == "words":
+                        yield " ".join(_strings(value, where[key], "list of words"))
+                    elif kind == "endings":  # each completes the context, text_field's value
+                        context = _text(row.get("text_field"), where.get("text_field", ""))
+                        yield from (" ".join(filter(None, (context, ending)))
+                                    for ending in _strings(value, where[key], "list of endings"))
+                    else:
+                        yield _text(value, where[key])
+
+
+def _text(value: object, where: str) -> str:
+    """One text field's value (null -> ''), else a UserError `where` ... holds <type> values."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise UserError(f"{where} holds {type(value).__name__} values, not text; name a text field")
+    return value
+
+
+def _strings(value: object, where: str, what: str) -> list[str]:
+    """A list-of-strings field's value (null -> []), else a UserError `where` ... holds <type> values."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        held = type(value).__name__ if not isinstance(value, list) else \
+            f"lists of {next(type(v).__name__ for v in value if not isinstance(v, str))}"
+        raise UserError(f"{where} holds {held} values, not a {what}; name the field of its {what}")
+    return value
 
 
 def clean_corpus(corpus: CorpusConfig, key: str, cleaner: DocumentCleaner, out_dir: Path,

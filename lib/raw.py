@@ -8,9 +8,10 @@ one `<split>.jsonl.gz` per split (a local source: its data files, copied as they
 - a local source: its files (a relative path is read from the project root);
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.
-A hub dataset whose names differ from ours (IMDb's split `unsupervised`, GLUE's `sentence` fields,
-Wikipedia's single split) is mapped in LAYOUTS, the one place for it, onto the names of its mirror
-copy, so params read the same whichever way the rows came. A source already read with the same
+A hub dataset whose names or values differ from ours (IMDb's split `unsupervised`, GLUE's `sentence`
+fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article)
+is mapped in LAYOUTS, the one place for it, onto the names and values of its mirror copy, so params read
+the same whichever way the rows came. A source already read with the same
 identity (source, row cap, FORMAT; a local source's file contents) is not read again.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -47,6 +49,60 @@ def wikipedia_split(row: dict[str, Any]) -> str:
     return {0: "test", 1: "validation"}.get(bucket, "train")
 
 
+def article_split(row: dict[str, Any]) -> str:
+    """The squad and squad_v2 copies' rule (their PROVENANCE.md): the official dev set split by article,
+    CRC32 of the title's UTF-8 mod 5: 0 is validation, the rest train."""
+    return "validation" if zlib.crc32(row["title"].encode("utf-8")) % 5 == 0 else "train"
+
+
+def squad_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A hub SQuAD row as the copies have it: each answer starting at the first occurrence of its text in
+    the context (the explorer pages they were rebuilt from carry no offsets; the official ones differ for
+    about 3% of questions, scores do not: the metric compares answer text), and `is_impossible`."""
+    answers = row.get("answers") or {"text": [], "answer_start": []}
+    starts = [found if (found := row["context"].find(text)) >= 0 else start
+              for text, start in zip(answers["text"], answers["answer_start"])]
+    return {**row, "answers": {"text": list(answers["text"]), "answer_start": starts},
+            "is_impossible": not answers["text"]}
+
+
+# CoNLL-2003's tags on the hub are ClassLabel ids, in the orders of the `datasets` loading script
+# (huggingface/datasets datasets/conll2003/conll2003.py, whose features the hub's parquet export keeps).
+CONLL_POS = ('"', "''", "#", "$", "(", ")", ",", ".", ":", "``", "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR",
+             "JJS", "LS", "MD", "NN", "NNP", "NNPS", "NNS", "NN|SYM", "PDT", "POS", "PRP", "PRP$", "RB", "RBR", "RBS",
+             "RP", "SYM", "TO", "UH", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "WDT", "WP", "WP$", "WRB")
+CONLL_CHUNK = ("O", "B-ADJP", "I-ADJP", "B-ADVP", "I-ADVP", "B-CONJP", "I-CONJP", "B-INTJ", "I-INTJ", "B-LST", "I-LST",
+               "B-NP", "I-NP", "B-PP", "I-PP", "B-PRT", "I-PRT", "B-SBAR", "I-SBAR", "B-UCP", "I-UCP", "B-VP", "I-VP")
+CONLL_NER = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+
+
+def iob1(tags: list[str]) -> list[str]:
+    """IOB2 tags in IOB1: B- only where the tag before is of the same type (the original files' scheme)."""
+    out: list[str] = []
+    for tag in tags:
+        if tag.startswith("B-") and (out[-1][2:] if out else "") != tag[2:]:
+            tag = "I-" + tag[2:]
+        out.append(tag)
+    return out
+
+
+def conll_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A hub CoNLL-2003 row as the copy has it: tag names, not ids; NER tags IOB2 (as the hub's), chunk
+    tags IOB1 (as the original files', which the copy leaves as given; the hub converted them to IOB2)."""
+    return {**row, "pos_tags": [CONLL_POS[i] for i in row["pos_tags"]],
+            "chunk_tags": iob1([CONLL_CHUNK[i] for i in row["chunk_tags"]]),
+            "ner_tags": [CONLL_NER[i] for i in row["ner_tags"]]}
+
+
+CODAH_CATEGORIES = "irpnqo"  # the TSV's letters of the hub's ClassLabel Idioms, Reference, Polysemy, ..., Others
+
+
+def codah_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A hub CODAH row as the copy has it: the category as the TSV's letter ('' where it has none, -1 on the hub)."""
+    category = row.get("categories")
+    return {**row, "categories": "" if category is None or category < 0 else CODAH_CATEGORIES[category]}
+
+
 @dataclass(frozen=True)
 class Layout:
     """A hub dataset in our names, those of its mirror copy (its PROVENANCE.md tells the source)."""
@@ -55,10 +111,15 @@ class Layout:
     columns: tuple[str, ...]  # the fields kept, in this order; a field a row lacks is written as null
     fields: dict[str, str] = field(default_factory=dict)  # hub field -> ours
     splits: dict[str, str] = field(default_factory=dict)  # hub split -> ours
-    deal: Callable[[dict[str, Any]], str] | None = None  # our split of a hub row, where one hub split is several of ours
+    deal: Callable[[dict[str, Any]], str] | None = None  # our split of a hub row (one hub split, several of ours)
+    read: tuple[str, ...] | None = None  # the hub splits read (None: every one), where the mirror copy has not all
+    convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # a hub row's values as the copy has them
+    numbered: str | None = None  # a column the hub lacks: the row's place in its split, from 0
+    order: Callable[[dict[str, Any]], Any] | None = None  # sort key of the rows of each dealt split (stable)
 
     def hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        return self.row({self.fields.get(k, k): v for k, v in row.items()})
+        renamed = {self.fields.get(k, k): v for k, v in row.items()}
+        return self.row(self.convert(renamed) if self.convert else renamed)
 
     def row(self, row: dict[str, Any]) -> dict[str, Any]:
         """The columns, with a withheld label written as null (as the mirror copies leave it out)."""
@@ -67,8 +128,14 @@ class Layout:
             out["label"] = None
         return out
 
+    def numbered_rows(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """`rows` with the `numbered` column filled in, where the layout has one."""
+        for n, row in enumerate(rows):
+            yield {**row, self.numbered: n} if self.numbered else row
+
 
 GLUE_PAIR = {"sentence1": "text_a", "sentence2": "text_b"}
+SQUAD = ("id", "title", "context", "question", "answers", "is_impossible")
 LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     ("stanfordnlp/imdb", None): Layout("imdb", ("text", "label"), splits={"unsupervised": "unsup"}),
     ("nyu-mll/glue", "sst2"): Layout("sst2", ("text", "label"), fields={"sentence": "text"}),
@@ -78,6 +145,33 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     ("nyu-mll/glue", "rte"): Layout("rte", ("text_a", "text_b", "label"), fields=GLUE_PAIR,
                                     splits={"test": "test_unlabeled"}),
     ("wikimedia/wikipedia", "20231101.en"): Layout("wikipedia_en", ("id", "title", "text"), deal=wikipedia_split),
+    # Each task dataset's id as params name it. Its revision was not checked against the hub (no network
+    # here); it is the one other public projects pin, and how sure that is says each comment.
+    # hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb6a39b0: main holds a loading script, which
+    # `datasets` no longer runs; this is a commit of the hub's parquet export (refs/convert/parquet), one
+    # config with the three splits (pinned so by two projects, one checking the ClassLabel order as here)
+    ("eriktks/conll2003", None): Layout("conll2003", ("id", "tokens", "pos_tags", "chunk_tags", "ner_tags"),
+                                        convert=conll_row),
+    # hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f (pinned so by several projects) and
+    # hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412 (by one; another names 3ffb306f): the
+    # copies are the official dev sets only, split by article, so the hub's train split is not read and its
+    # validation split is dealt as the copies were, each of our splits in the copies' order (by title)
+    ("rajpurkar/squad", None): Layout("squad", SQUAD, read=("validation",), deal=article_split, convert=squad_row,
+                                      order=itemgetter("title")),
+    ("rajpurkar/squad_v2", None): Layout("squad_v2", SQUAD, read=("validation",), deal=article_split,
+                                         convert=squad_row, order=itemgetter("title")),
+    # hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831 (mteb's own pin): the STS Benchmark
+    # files with their 0-5 scores, test labels included (GLUE's stsb withholds those, sentence-transformers/stsb
+    # scales scores to 0-1); the copy numbers each split's rows, the hub does not
+    ("mteb/stsbenchmark-sts", None): Layout("stsb", ("idx", "genre", "filename", "year", "sentence1", "sentence2",
+                                                     "label"), fields={"dataset": "filename", "score": "label"},
+                                            numbered="idx"),
+    # hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd (main after its conversion to parquet;
+    # pinned so by one project): the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
+    ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
+                                          fields={"id": "idx", "question_category": "categories",
+                                                  "question_propmt": "startphrase", "candidate_answers": "endings",
+                                                  "correct_answer_idx": "label"}, convert=codah_row),
 }
 
 
@@ -175,15 +269,32 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     return report
 
 
+# What a task's field holds where it is not one text per row (a field not named here is: the fields of
+# classification, regression and span_qa, whose question and context are texts and whose answers field, the
+# label, is not read). Tagging's text_field is a list of words, which a document holds joined by spaces.
+# Multiple_choice's text_pair_field is a list of endings, each of which completes the context (text_field)
+# into the text a document would hold ("The chicken cannot fly. It" + " " + "crosses the road."): an ending
+# alone is a fragment, mostly shorter than the words decontamination matches on, and as generic.
+FIELD_KINDS = {"tagging": {"text_field": "words"}, "multiple_choice": {"text_pair_field": "endings"}}
+
+
 def eval_text_spec(params: Params) -> dict[str, dict[str, Any]]:
     """Per task, the folder in data/raw, evaluation splits and text fields whose texts `clean` removes
-    from the LM corpora. The data stage writes it into data/raw (write_eval_text_spec), so clean
-    depends on it through data/raw's content rather than on the whole `tasks` section: a change of a
-    task's max_len or metrics, or of which tasks finetune selects, does not rerun clean."""
-    return {name: {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
-                   "fields": {key: getattr(task, key) for key in ("text_field", "text_pair_field")
-                              if getattr(task, key) is not None}}
-            for name, task in sorted(params.tasks.items())}
+    from the LM corpora, and `kinds`, what a field holds where it is not one text (FIELD_KINDS; absent when
+    every field is one, so a classification task's entry reads as it did before task types). The data stage
+    writes it into data/raw (write_eval_text_spec), so clean depends on it through data/raw's content rather
+    than on the whole `tasks` section: a change of a task's max_len or metrics, or of which tasks finetune
+    selects, does not rerun clean."""
+    spec = {}
+    for name, task in sorted(params.tasks.items()):
+        fields = {key: getattr(task, key) for key in ("text_field", "text_pair_field")
+                  if getattr(task, key) is not None}
+        spec[name] = {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
+                      "fields": fields}
+        kinds = {key: kind for key, kind in FIELD_KINDS.get(task.type, {}).items() if key in fields}
+        if kinds:
+            spec[name]["kinds"] = kinds
+    return spec
 
 
 def write_eval_text_spec(params: Params, out: Path) -> None:
@@ -201,7 +312,8 @@ def read_eval_text_spec(raw_dir: Path) -> dict[str, dict[str, Any]]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise UserError(f"{path}: cannot read it ({describe(err)}); run the data stage first (dvc repro data)") from None
+        raise UserError(f"{path}: cannot read it ({describe(err)}); run the data stage first (dvc repro data)"
+                        ) from None
 
 
 def up_to_date(params: Params, out: Path) -> bool:
@@ -303,21 +415,25 @@ def copy_local(use: Use, out: Path) -> dict[str, int]:
 
 def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[dict]]:
     """Our split -> the hub's rows for it, read lazily (streaming, at most use.max_rows per hub split)."""
-    parts = {split: read_records(use.source, split, key, use.max_rows) for split in hub_splits(use)}
+    splits = [s for s in hub_splits(use) if layout is None or layout.read is None or s in layout.read]
+    parts = {split: read_records(use.source, split, key, use.max_rows) for split in splits}
     if layout is None:
         return parts
     if layout.deal is not None:
-        return _dealt(layout, parts.values())
-    return {layout.splits.get(split, split): map(layout.hub_row, records) for split, records in parts.items()}
+        ours = _dealt(layout, parts.values())
+    else:
+        ours = {layout.splits.get(split, split): map(layout.hub_row, records) for split, records in parts.items()}
+    return {split: layout.numbered_rows(rows) for split, rows in ours.items()}
 
 
 def _dealt(layout: Layout, parts: Iterable[Iterator[dict]]) -> dict[str, Iterator[dict]]:
-    """Rows of every hub split, dealt into our splits by layout.deal (one pass over the hub's rows)."""
+    """Rows of every hub split read, dealt into our splits by layout.deal (one pass over the hub's rows),
+    each split sorted by layout.order where it has one."""
     dealt: dict[str, list[dict]] = {}
     for part in parts:
         for row in map(layout.hub_row, part):
             dealt.setdefault(layout.deal(row), []).append(row)
-    return {split: iter(rows) for split, rows in dealt.items()}
+    return {split: iter(sorted(rows, key=layout.order) if layout.order else rows) for split, rows in dealt.items()}
 
 
 def write_splits(rows: dict[str, Iterator[dict]], out: Path) -> dict[str, int]:

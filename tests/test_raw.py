@@ -1,6 +1,7 @@
 """The data stage (lib/raw.py): hub ids read without the network, the mirror and the hub giving the same
 data/raw, local sources copied and re-read when their content changes, one-line errors offline."""
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -251,7 +252,8 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
     assert read_eval_text_spec(tmp_path / "raw")["sst2"] == {
         "folder": "sst2", "splits": sst2.eval_splits, "fields": {"text_field": sst2.text_field}}
     texts = list(eval_texts(read_eval_text_spec(tmp_path / "raw"), tmp_path / "raw"))
-    expected = [row[params.tasks[name].text_field] for name in ("imdb", "sst2") for split in params.tasks[name].eval_splits
+    expected = [row[params.tasks[name].text_field] for name in ("imdb", "sst2")
+                for split in params.tasks[name].eval_splits
                 for row in read_records(str(tmp_path / "raw" / name), split, "x")]
     assert texts == expected and texts
     params.tasks["sst2"].max_len = 32
@@ -263,3 +265,225 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
     spec_file.unlink()
     with pytest.raises(UserError, match=r"eval_texts.json: cannot read it .*; run the data stage first"):
         read_eval_text_spec(tmp_path / "raw")
+
+
+# The hub ids of the task datasets, as params name them (lib/raw.py LAYOUTS says where each revision comes from)
+HUB_IDS = {"conll2003": "hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb6a39b0",
+           "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
+           "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
+           "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831",
+           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd"}
+
+
+def iob2(tags: list[str]) -> list[str]:
+    """IOB1 tags in IOB2 (every chunk starts with B-), as the hub's CoNLL-2003 has its chunk tags."""
+    return [f"B-{t[2:]}" if t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:]) else t
+            for i, t in enumerate(tags)]
+
+
+def by_article(rows: list[dict], articles: int, per_article: int) -> list[dict]:
+    """The first rows of the first articles of a SQuAD copy's split, in the copy's order."""
+    kept: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["title"] in kept or len(kept) < articles:
+            kept.setdefault(row["title"], [])
+            if len(kept[row["title"]]) < per_article:
+                kept[row["title"]].append(row)
+    return [row for article in kept.values() for row in article]
+
+
+def squad_hub(copy: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The hub's version of SQuAD copy rows: all of them in its validation split, articles in another order
+    (the official one is not by title), without is_impossible, an answer that occurs twice in its context at
+    its second occurrence (the official offsets are not always the first), and a train split to ignore."""
+    rows = [{k: v for k, v in r.items() if k != "is_impossible"} for split in copy.values() for r in split]
+    titles = list(dict.fromkeys(r["title"] for r in rows))[::-1]
+    rows = sorted(rows, key=lambda r: titles.index(r["title"]))
+    for i, row in enumerate(rows):
+        text = next(iter(row["answers"]["text"]), "")
+        second = row["context"].find(text, row["context"].find(text) + 1) if text else -1
+        if second > 0:
+            rows[i] = {**row, "answers": {"text": [text], "answer_start": [second]}}
+            rows[i]["answers"]["text"] += row["answers"]["text"][1:]
+            rows[i]["answers"]["answer_start"] += row["answers"]["answer_start"][1:]
+            break
+    else:
+        raise AssertionError("no answer occurs twice in these rows")
+    train = [{**rows[0], "id": "not-in-the-copy", "title": "Not_read"}]
+    return {"train": train, "validation": rows}
+
+
+def hub_versions(name: str, copy: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Rows of the mirror copy `name` as the hub has them (its field names, splits and values), written
+    independently of lib/raw.py from each dataset card: this is what LAYOUTS has to undo."""
+    from lib.raw import CONLL_CHUNK, CONLL_NER, CONLL_POS
+    if name == "conll2003":
+        return {s: [{"id": r["id"], "tokens": r["tokens"], "pos_tags": [CONLL_POS.index(t) for t in r["pos_tags"]],
+                     "chunk_tags": [CONLL_CHUNK.index(t) for t in iob2(r["chunk_tags"])],
+                     "ner_tags": [CONLL_NER.index(t) for t in r["ner_tags"]]} for r in rows]
+                for s, rows in copy.items()}
+    if name in ("squad", "squad_v2"):
+        return squad_hub(copy)
+    if name == "stsb":
+        return {s: [{"split": s, "genre": r["genre"], "dataset": r["filename"], "year": r["year"], "sid": f"{i:04d}",
+                     "score": r["label"], "sentence1": r["sentence1"], "sentence2": r["sentence2"]}
+                    for i, r in enumerate(rows)] for s, rows in copy.items()}
+    categories = ["Idioms", "Reference", "Polysemy", "Negation", "Quantitative", "Others"]  # the hub's ClassLabel
+    letters = {"i": 0, "r": 1, "p": 2, "n": 3, "q": 4, "o": 5, "": -1}  # the TSV's letters, as the script maps them
+    assert [c[0].lower() for c in categories] == list("irpnqo")
+    return {s: [{"id": r["idx"], "question_category": letters[r["categories"]], "question_propmt": r["startphrase"],
+                 "candidate_answers": r["endings"], "correct_answer_idx": r["label"]} for r in rows]
+            for s, rows in copy.items()}
+
+
+def copy_rows(name: str) -> dict[str, list[dict]]:
+    """A few real rows of each split of the mirror copy `name` (both kinds of SQuAD v2 question; a CODAH
+    question without a category)."""
+    splits = {s: SHARED_DATA / name / f"{s}.jsonl.gz" for s in ("train", "validation", "test")}
+    splits = {s: path for s, path in splits.items() if path.exists()}
+    if name in ("squad", "squad_v2"):
+        return {s: by_article(head(path, 400), 3, 6 if name == "squad" else 12) for s, path in splits.items()}
+    rows = {s: head(path, 8) for s, path in splits.items()}
+    if name == "codah":
+        rows["train"] += [r for r in head(splits["train"], 1665) if r["categories"] == ""][:1]
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(HUB_IDS))
+def test_a_task_dataset_read_from_the_hub_gives_its_mirror_rows(name, tmp_path, monkeypatch):
+    """The hub's rows (its names, ClassLabel ids, splits, order and offsets) become the mirror copy's rows."""
+    from lib.raw import Use, fetch
+    copy = copy_rows(name)
+    if name == "squad_v2":
+        assert {r["is_impossible"] for rows in copy.values() for r in rows} == {True, False}
+    for split, rows in copy.items():
+        write_jsonl_gz(tmp_path / "mirror" / name / f"{split}.jsonl.gz", rows)
+    use = Use(HUB_IDS[name], [f"tasks.{name}"], None)
+    assert raw_name(use.source, "k") == name
+    hub = parse_hub(use.source, "k")
+    if name == "conll2003":  # the parquet export: <config>/<split>/0000.parquet, no card, one config
+        folder = tmp_path / "hub" / name
+        for split, rows in hub_versions(name, copy).items():
+            (folder / "conll2003" / split).mkdir(parents=True)
+            pq.write_table(pa.Table.from_pylist(rows), folder / "conll2003" / split / "0000.parquet")
+        served = (str(folder), None)
+    else:
+        served = (str(hub_repo(tmp_path / "hub" / name, hub.config, hub_versions(name, copy))), hub.config)
+    load, split_names = datasets.load_dataset, datasets.get_dataset_split_names
+
+    def local(repo, config, revision):  # the hub's repo, else `datasets`' own builders (the mirror's json)
+        if repo != hub.repo:
+            return repo, config
+        assert (config, revision) == (hub.config, hub.revision)
+        return served
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda repo, config=None, revision=None, **kw:
+                        load(*local(repo, config, revision), **kw))
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda repo, config=None, revision=None:
+                        split_names(*local(repo, config, revision)))
+    for origin, out in ((f"hub {use.source}", "from-hub"), (f"mirror {tmp_path / 'mirror' / name}", "from-mirror")):
+        (tmp_path / out).mkdir()
+        assert fetch(use, origin, tmp_path / out) == {s: len(rows) for s, rows in copy.items()}
+    assert files(tmp_path / "from-hub") == files(tmp_path / "from-mirror")
+    assert {s: head(tmp_path / "from-hub" / f"{s}.jsonl.gz", 10**6) for s in copy} == copy
+
+
+def test_conll_tag_ids_are_read_in_the_order_the_dataset_card_shows():
+    """The hub's own example (eriktks/conll2003's card, a training sentence) becomes the copy's row."""
+    from lib.raw import conll_row
+    card = {"chunk_tags": [11, 12, 12, 21, 13, 11, 11, 21, 13, 11, 12, 13, 11, 21, 22, 11, 12, 17, 11, 21, 17, 11, 12,
+                           12, 21, 22, 22, 13, 11, 0],
+            "ner_tags": [0, 3, 4, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            "pos_tags": [12, 22, 22, 38, 15, 22, 28, 38, 15, 16, 21, 35, 24, 35, 37, 16, 21, 15, 24, 41, 15, 16, 21, 21,
+                         20, 37, 40, 35, 21, 7]}
+    ours = head(SHARED_DATA / "conll2003" / "train.jsonl.gz", 4)[3]
+    assert ours["tokens"][:5] == ["The", "European", "Commission", "said", "on"]
+    assert conll_row({"id": ours["id"], "tokens": ours["tokens"], **card}) == ours
+
+
+def test_the_copies_follow_the_rules_their_layouts_apply():
+    """On every row of the copies: SQuAD's article deal, first-occurrence offsets and is_impossible (so the
+    conversion leaves a copy's row as it is); CoNLL's chunk tags survive IOB2 and back, NER tags are IOB2."""
+    from lib.raw import article_split, iob1, squad_row
+    for name in ("squad", "squad_v2"):
+        for split in ("train", "validation"):
+            for row in head(SHARED_DATA / name / f"{split}.jsonl.gz", 10**6):
+                assert article_split(row) == split and squad_row(row) == row
+    for split in ("train", "validation", "test"):
+        for row in head(SHARED_DATA / "conll2003" / f"{split}.jsonl.gz", 10**6):
+            assert iob1(iob2(row["chunk_tags"])) == row["chunk_tags"] and iob2(row["ner_tags"]) == row["ner_tags"]
+
+
+def test_the_evaluation_text_spec_of_classification_tasks_reads_as_before_task_types(tmp_path):
+    """The default params' eval_texts.json, byte for byte as the data stage wrote it before tasks had a type
+    (its SHA-256 then), so data/raw and what clean reads from it do not change for existing projects."""
+    write_eval_text_spec(load_params(ROOT / "params.yaml"), tmp_path)
+    written = (tmp_path / EVAL_TEXTS_FILE).read_bytes()
+    assert hashlib.sha256(written).hexdigest() == "b48a23a29072196ff2d49933e602c40685a1d064a021a46b90733b97f25dc61c"
+    assert b"kinds" not in written
+
+
+def test_evaluation_texts_of_each_task_type(tmp_path):
+    """Tagging's words joined by spaces, span_qa's question and context (not its answers), multiple_choice's
+    context alone and followed by each ending, regression's two sentences: read from real mirror rows."""
+    tiny_mirror(tmp_path / "mirror")
+    copies = {name: copy_rows(name) for name in ("conll2003", "squad", "stsb", "codah")}
+    for name, splits in copies.items():
+        for split, rows in splits.items():
+            write_jsonl_gz(tmp_path / "mirror" / name / f"{split}.jsonl.gz", rows)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["data"]["mirror"] = str(tmp_path / "mirror")
+    raw["corpora"]["pretrain"]["source"], raw["corpora"]["domain"]["source"] = WIKI, IMDB
+    raw["tasks"] = {  # imdb and sst2 stay: other sections name them
+        "imdb": {**raw["tasks"]["imdb"], "source": IMDB}, "sst2": {**raw["tasks"]["sst2"], "source": SST2},
+        "ner": {"source": HUB_IDS["conll2003"], "type": "tagging", "text_field": "tokens", "label_field": "ner_tags"},
+        "qa": {"source": HUB_IDS["squad"], "type": "span_qa", "text_field": "question", "text_pair_field": "context",
+               "label_field": "answers"},
+        "sts": {"source": HUB_IDS["stsb"], "type": "regression", "text_field": "sentence1",
+                "text_pair_field": "sentence2", "eval_splits": ["validation", "test"]},
+        "choice": {"source": HUB_IDS["codah"], "type": "multiple_choice", "text_field": "startphrase",
+                   "text_pair_field": "endings", "eval_splits": ["test"]}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    params = load_params(tmp_path / "params.yaml")
+    read_all(params, tmp_path / "raw")
+    write_eval_text_spec(params, tmp_path / "raw")
+    spec = {name: task for name, task in read_eval_text_spec(tmp_path / "raw").items()
+            if name not in ("imdb", "sst2")}
+    assert {name: task.get("kinds") for name, task in spec.items()} == {
+        "choice": {"text_pair_field": "endings"}, "ner": {"text_field": "words"}, "qa": None, "sts": None}
+    assert spec["ner"] == {"folder": "conll2003", "splits": ["validation"], "fields": {"text_field": "tokens"},
+                           "kinds": {"text_field": "words"}}
+    expected = {
+        "choice": [t for r in copies["codah"]["test"] for t in [r["startphrase"]] +
+                   [f"{r['startphrase']} {ending}" for ending in r["endings"]]],
+        "ner": [" ".join(r["tokens"]) for r in copies["conll2003"]["validation"]],
+        "qa": [t for r in copies["squad"]["validation"] for t in (r["question"], r["context"])],
+        "sts": [t for s in ("validation", "test") for r in copies["stsb"][s] for t in (r["sentence1"], r["sentence2"])]}
+    assert list(eval_texts(spec, tmp_path / "raw")) == [t for name in sorted(expected) for t in expected[name]]
+    assert "The chicken cannot fly. It crosses the road." in list(eval_texts(
+        {"choice": {**spec["choice"], "splits": ["train"]}}, tmp_path / "raw"))
+
+
+@pytest.mark.parametrize("kinds, value, message", [
+    ({}, ["EU", "rejects"], "holds list values, not text; name a text field"),
+    ({"text_field": "words"}, "EU rejects", "holds str values, not a list of words; name the field of its list of"),
+    ({"text_field": "words"}, ["EU", 3], "holds lists of int values, not a list of words"),
+])
+def test_an_evaluation_field_of_another_type_is_one_line_naming_its_key(tmp_path, kinds, value, message):
+    write_jsonl_gz(tmp_path / "raw" / "ner" / "validation.jsonl.gz", [{"tokens": value, "ner_tags": ["O", "O"]}])
+    spec = {"ner": {"folder": "ner", "splits": ["validation"], "fields": {"text_field": "tokens"}, "kinds": kinds}}
+    with pytest.raises(UserError) as info:
+        list(eval_texts(spec, tmp_path / "raw"))
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"tasks.ner.text_field: field 'tokens' of '{tmp_path / 'raw' / 'ner'}' split "
+                                      f"'validation' {message}")
+
+
+def test_endings_of_another_type_are_one_line_naming_their_key(tmp_path):
+    write_jsonl_gz(tmp_path / "raw" / "mc" / "test.jsonl.gz", [{"startphrase": "He", "endings": "ran.", "label": 0}])
+    spec = {"mc": {"folder": "mc", "splits": ["test"], "fields": {"text_field": "startphrase",
+                                                                  "text_pair_field": "endings"},
+                   "kinds": {"text_pair_field": "endings"}}}
+    with pytest.raises(UserError, match=r"^tasks.mc.text_pair_field: field 'endings' of .* split 'test' holds str "
+                                        r"values, not a list of endings"):
+        list(eval_texts(spec, tmp_path / "raw"))
