@@ -1,4 +1,5 @@
-"""A sequence classifier on the pipeline's transformer, and its saved form.
+"""A task model on the pipeline's transformer (a sequence classifier, or per lib/tasktypes a
+regressor, a per-token tagger or span finder, a choice scorer), and its saved form.
 
 Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last
 real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooling
@@ -7,13 +8,16 @@ classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linea
 transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
 layer without bias on a causal model's last token). LayerNorm stands in for ULMFiT's BatchNorm: it
 does not depend on the batch, so a prediction does not change with what it is batched with.
+Per-token types (tagging, span QA) put the head on every position's state instead.
 
 Saved as a folder: the backbone as lib.model writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
 (`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
-folder is also its sequence-classification checkpoint, the head's tensors in model.safetensors under
-its names; otherwise the head is head.safetensors and classifier.json's "transformers" says why.
+folder is also its checkpoint for the task's type (EXPORTS: *ForSequenceClassification, also for
+regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
+in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
+"transformers" says why.
 """
 from __future__ import annotations
 
@@ -146,9 +150,9 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-# Export: a classifier whose backbone and head transformers also has is saved as that family's
-# sequence-classification checkpoint too. family -> (class, the names there of our head's layers:
-# its dense layer (None: it has none), its output layer)
+# Export: a model whose backbone and head transformers also has is saved as that family's checkpoint
+# for the task's type too. family -> (class, the names there of our head's layers: its dense layer
+# (None: it has none), its output layer)
 SEQUENCE_CLASSIFIERS = {
     "bert": ("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
     "roberta": ("RobertaForSequenceClassification", "classifier.dense", "classifier.out_proj"),
@@ -157,11 +161,30 @@ SEQUENCE_CLASSIFIERS = {
     "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
     "gpt2": ("GPT2ForSequenceClassification", None, "score"),
 }
+CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
+                  "electra": "Electra", "gpt2": "GPT2"}
+EXPORTS = {  # task type -> family -> as SEQUENCE_CLASSIFIERS
+    "classification": SEQUENCE_CLASSIFIERS,
+    "regression": SEQUENCE_CLASSIFIERS,  # one output, problem_type "regression"
+    # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
+    # to one score per choice; ELECTRA's (a SequenceSummary) and GPT-2's (a double-heads LM) differ
+    "multiple_choice": {"bert": ("BertForMultipleChoice", "bert.pooler.dense", "classifier"),
+                        "roberta": ("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier"),
+                        "roberta-prelayernorm": ("RobertaPreLayerNormForMultipleChoice",
+                                                 "roberta_prelayernorm.pooler.dense", "classifier")},
+    # dropout and a linear layer on every position's state
+    "tagging": {family: (f"{prefix}ForTokenClassification", None, "classifier")
+                for family, prefix in CLASS_PREFIXES.items()},
+    "span_qa": {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs")
+                for family, prefix in CLASS_PREFIXES.items()},
+}
+PER_TOKEN_TYPES = ("tagging", "span_qa")
 
 
-def classifier_family(model: Classifier, special_ids: dict[str, int]) -> tuple[str | None, str]:
-    """(the transformers family whose sequence-classification model computes what `model` does, "")
-    or (None, why there is none)."""
+def classifier_family(model: Classifier, special_ids: dict[str, int],
+                      task_type: str = "classification") -> tuple[str | None, str]:
+    """(the transformers family whose model for `task_type` computes what `model` does, "") or (None,
+    why there is none)."""
     cfg, head = model.backbone.cfg, model.head_cfg
     family, why = export_family(cfg)
     if family is None:
@@ -169,24 +192,31 @@ def classifier_family(model: Classifier, special_ids: dict[str, int]) -> tuple[s
     if head.features == "concat" or head.block:
         return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
                      "transformers equivalent"
+    exports = EXPORTS[task_type]
+    if family not in exports:
+        return None, f"transformers has no {task_type} model of the {family} family that computes this head"
+    if cfg.causal and family != "gpt2":
+        return None, f"a causal {family}: transformers' {family} attends both ways"
+    name = exports[family][0]
+    if task_type in PER_TOKEN_TYPES:
+        if head.features != "tokens" or head.pooler is not None or not head.bias:
+            return None, f"{name}'s head is one linear layer with bias on every position; this head is not"
+        return family, ""
     if family == "gpt2":
         if head.pooler is not None or head.bias:
             return None, "GPT-2's sequence-classification head is one linear layer without bias; this head is not"
         if special_ids.get("pad") in (special_ids.get("eos"), None):
             return None, "the pad token is also the end token, which GPT-2's head would skip as padding"
         return family, ""
-    if cfg.causal:
-        return None, f"a causal {family}: its transformers head reads the first token, a causal head the last"
     wanted = head_activation(family)
     if head.pooler != wanted or not head.bias:
-        name = SEQUENCE_CLASSIFIERS[family][0]
         return None, f"{name}'s head is dense + {wanted} + linear with bias; this head is not"
     return family, ""
 
 
-def head_tensor_names(model: Classifier, family: str) -> dict[str, str]:
-    """Our head's tensor names -> theirs in `family`'s sequence-classification checkpoint."""
-    _, dense, out = SEQUENCE_CLASSIFIERS[family]
+def head_tensor_names(model: Classifier, family: str, task_type: str = "classification") -> dict[str, str]:
+    """Our head's tensor names -> theirs in `family`'s checkpoint for `task_type`."""
+    _, dense, out = EXPORTS[task_type][family]
     layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
     names = {}
     for name in model.head.state_dict():
@@ -195,18 +225,37 @@ def head_tensor_names(model: Classifier, family: str) -> dict[str, str]:
     return names
 
 
-def head_checkpoint(model: Classifier, family: str, label_names: list[str] | None) -> tuple[dict, dict]:
+def head_checkpoint(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
-    `family` checkpoint its sequence-classification one: the class, the labels."""
+    `family` checkpoint the one for the task's type (meta["type"]): the class, the labels. A regression
+    model's standardised output is turned into the score there (see scale_output)."""
+    task_type = meta.get("type", "classification")
     head = model.head.state_dict()
     tensors = {theirs: head[ours].detach().cpu().contiguous()
-               for ours, theirs in head_tensor_names(model, family).items()}
-    labels = label_names or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
-    config = dict(architectures=[SEQUENCE_CLASSIFIERS[family][0]], num_labels=len(labels),
-                  id2label={str(i): name for i, name in enumerate(labels)},
-                  label2id={name: i for i, name in enumerate(labels)}, problem_type="single_label_classification",
-                  classifier_dropout=model.head_cfg.dropout)
+               for ours, theirs in head_tensor_names(model, family, task_type).items()}
+    config: dict[str, Any] = dict(architectures=[EXPORTS[task_type][family][0]],
+                                  classifier_dropout=model.head_cfg.dropout)
+    if task_type == "regression":
+        out = EXPORTS[task_type][family][2]
+        weight, bias = scale_output(tensors[f"{out}.weight"], tensors[f"{out}.bias"], **meta["info"])
+        tensors.update({f"{out}.weight": weight, f"{out}.bias": bias})
+        config.update(num_labels=1, problem_type="regression")
+    elif task_type in ("classification", "tagging"):
+        labels = meta.get("label_names") or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
+        config.update(num_labels=len(labels), id2label={str(i): name for i, name in enumerate(labels)},
+                      label2id={name: i for i, name in enumerate(labels)})
+        if task_type == "classification":
+            config["problem_type"] = "single_label_classification"
     return tensors, config
+
+
+def scale_output(weight: torch.Tensor, bias: torch.Tensor, mean: float, std: float,
+                 inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output layer whose output is `std * ours + mean` (the score in label units, what
+    transformers' regression model should give), or with inverse the one it came from."""
+    if inverse:
+        return weight / std, (bias - mean) / std
+    return weight * std, bias * std + mean
 
 
 def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
@@ -244,16 +293,15 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
-    family, why = classifier_family(model, special)
-    if meta.get("type", "classification") != "classification":
-        family, why = None, f"the transformers export of a {meta['type']} model is not built yet"
-    line = f"{EXPORTED}{SEQUENCE_CLASSIFIERS[family][0]}" if family else f"lib layout only: {why}"
+    task_type = meta.get("type", "classification")
+    family, why = classifier_family(model, special, task_type)
+    line = f"{EXPORTED}{EXPORTS[task_type][family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:
             save_model(model.backbone, tmp, special)
             safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
         else:
-            save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta.get("label_names")))
+            save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
@@ -276,10 +324,16 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         theirs = read_weights(model_dir)
         cfg = read_config(model_dir)
         model = Classifier(load_exported(model_dir, cfg, theirs), head)
-        names = head_tensor_names(model, export_family(cfg)[0])
+        task_type = info.get("type", "classification")
+        names = head_tensor_names(model, export_family(cfg)[0], task_type)
         missing = [t for t in names.values() if t not in theirs]
         if missing:
-            raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the classifier's head); "
+            raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the model's head); "
                             "write the folder again with the finetune stage")
-        model.head.load_state_dict({ours: theirs[t] for ours, t in names.items()})
+        tensors = {ours: theirs[t] for ours, t in names.items()}
+        if task_type == "regression":
+            out = str(len(model.head) - 1)
+            tensors[f"{out}.weight"], tensors[f"{out}.bias"] = scale_output(
+                tensors[f"{out}.weight"], tensors[f"{out}.bias"], **info["info"], inverse=True)
+        model.head.load_state_dict(tensors)
     return model.to(device).eval(), info

@@ -142,3 +142,77 @@ def test_the_pipeline_cuts_long_texts_at_max_len_from_the_end(folders):
     classify = transformers.pipeline("text-classification", model=str(folders["bert"]), top_k=None, device="cpu")
     assert classify.tokenizer.model_max_length == TINY_MAX_LEN
     assert by_label(classify([long], truncation=True)).sum() == pytest.approx(1, abs=1e-5)
+
+
+# task type: (transformers auto class, our outputs -> theirs to compare)
+TYPE_EXPORTS = {
+    "regression": "AutoModelForSequenceClassification",
+    "multiple_choice": "AutoModelForMultipleChoice",
+    "tagging": "AutoModelForTokenClassification",
+    "span_qa": "AutoModelForQuestionAnswering",
+}
+TYPE_META = {"regression": {"info": {"mean": 2.5, "std": 1.5}}, "multiple_choice": {"info": {"n_choices": 3}},
+             "tagging": {"label_names": ["O", "B-PER", "I-PER"]}, "span_qa": {"info": {}}}
+
+
+@pytest.mark.parametrize("task_type, shape", [(t, "bert") for t in TYPE_EXPORTS] + [
+    ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra")])
+def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, task_type, shape):
+    """The plain head of each type (lib.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
+    model for the type gives our outputs (a regression model the score in label units), and the folder
+    loads back into lib with the same weights."""
+    from lib.finetune import setup
+    from lib.model import Transformer, TransformerConfig
+    from lib.config import FinetuneConfig
+    from lib.tasks import TaskData
+    from lib.tasktypes import TYPES
+
+    fields = SHAPES[shape][0]
+    torch.manual_seed(0)
+    cfg = TransformerConfig(**{"vocab_size": load_tokenizer(folders["tok"]).get_vocab_size(), "d_model": 32,
+                               "n_layers": 2, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
+                               "max_positions": TINY_MAX_LEN, **fields})
+    meta = {"type": task_type, "label_names": [], **TYPE_META[task_type]}
+    task = TaskData("toy", meta["label_names"], [], [], None, "", {}, {}, type=task_type, info=meta.get("info", {}))
+    kind = TYPES[task_type]
+    model = setup("plain", Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
+                  task_type).model.eval()
+    for weight in (p for p in model.parameters() if p.dim() > 1):
+        torch.nn.init.normal_(weight, std=0.3)
+    line = save_classifier(model, tmp_path / "model", folders["tok"], meta)
+    assert line.startswith("transformers: ") and task_type != "classification"
+    theirs = getattr(transformers, TYPE_EXPORTS[task_type]).from_pretrained(tmp_path / "model").eval()
+    assert type(theirs).__name__ == line.removeprefix("transformers: ")
+
+    special = saved_special_ids(folders["tok"])
+    ids = torch.randint(len(special), cfg.vocab_size, (2, 3, 10) if task_type == "multiple_choice" else (2, 10))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    batch = {"input_ids": ids, "segment_ids": torch.zeros_like(ids), "attention_mask": mask}
+    with torch.no_grad():
+        ours, _ = kind.forward(model, batch)
+        out = theirs(input_ids=ids, attention_mask=mask.long())
+    if task_type == "regression":
+        torch.testing.assert_close(out.logits[:, 0], torch.tensor(kind.predict(ours, [], task)), atol=1e-4, rtol=1e-4)
+    elif task_type == "span_qa":
+        torch.testing.assert_close(torch.stack([out.start_logits, out.end_logits], -1), ours, atol=1e-4, rtol=1e-4)
+    else:
+        torch.testing.assert_close(out.logits, ours, atol=1e-4, rtol=1e-4)
+
+    loaded, info = load_classifier(tmp_path / "model")  # the embedding rows past the vocabulary are ours alone
+    assert info["type"] == task_type
+    for (key, value), (key_again, value_again) in zip(model.head.state_dict().items(), loaded.head.state_dict().items()):
+        assert key == key_again
+        torch.testing.assert_close(value, value_again, atol=1e-6, rtol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(kind.forward(loaded, batch)[0], ours, atol=1e-5, rtol=1e-5)
+
+
+def test_a_ulmfit_block_of_a_new_type_saves_lib_layout_with_the_reason(folders, tmp_path):
+    from lib.classifier import Classifier
+    from lib.model import Transformer, TransformerConfig
+    cfg = TransformerConfig(vocab_size=load_tokenizer(folders["tok"]).get_vocab_size(), d_model=32, n_layers=1,
+                            n_heads=2, d_ff=64, max_positions=TINY_MAX_LEN, norm="post")
+    model = Classifier(Transformer(cfg), HeadConfig(3, "tokens", block=True, hidden=16))
+    line = save_classifier(model, tmp_path / "m", folders["tok"], {"type": "tagging", "label_names": ["O", "B-X", "I-X"]})
+    assert line == "lib layout only: ULMFiT's classifier block has no transformers equivalent"
+    assert load_classifier(tmp_path / "m")[0].head_cfg.features == "tokens"
