@@ -62,7 +62,7 @@ class TaskData:
     truncated: dict[str, int]  # examples cut to max_len per split: "train" (train + dev) and "eval"
     type: str = "classification"
     info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
-    references: dict[str, list] = field(default_factory=dict)  # "dev"/"eval": the rows a type scores against
+    references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
 
 
 class Row(NamedTuple):

@@ -155,3 +155,17 @@ def test_a_tokenizer_that_pads_on_its_own_is_refused():
     raw = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     with pytest.raises(ValueError, match="pads or truncates"):
         encode(SENTENCES, raw, special, 64, tag_set(SENTENCES))
+
+
+def test_a_lone_space_piece_does_not_carry_the_tag(bpe):
+    """A small byte-level BPE has no merge of the space with "Rollo": " Rollo" is "Ġ" + "Rollo". "Ġ" is
+    the same piece for every word, so the tag goes on "Rollo"."""
+    tokenizer, special = bpe
+    sentence = Sentence(["founded", "Rollo"], ["O", "B-PER"])
+    tags = tag_set([sentence])
+    (feature,), _ = encode([sentence], tokenizer, special, 16, tags)
+    pieces = [tokenizer.id_to_token(i) for i in feature.ids]
+    assert "Ġ" in pieces  # the case under test: a lone space piece before the word
+    assert [pieces[i] for i in feature.word_starts] == ["f", "Rollo"]
+    assert [tags[feature.labels[i]] for i in feature.word_starts] == ["O", "B-PER"]
+    assert sum(label != IGNORE for label in feature.labels) == 2

@@ -71,7 +71,7 @@ class TaskType:
             skipped={**{f"train.{k}": v for k, v in train_skipped.items()},
                      **{f"eval.{k}": v for k, v in eval_skipped.items()}},
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
-            type=self.name, info=info, references={"dev": dev, "eval": eval_items})
+            type=self.name, info=info, references={"train": train, "dev": dev, "eval": eval_items})
 
     def unlabeled(self, skipped: dict[str, int]) -> bool:
         """Whether an evaluation split that gave no items is an unlabeled one (GLUE's -1 or null labels),

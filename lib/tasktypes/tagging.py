@@ -15,7 +15,8 @@
   (WordPiece and sentencepiece-style tokenizers need and take none). A word that yields no subword
   (a lone control character) gets [unk], so every word has a position that carries its tag.
 - The first subword of each word carries the tag's index, every other position -100 (ignored by
-  the cross-entropy). A sentence longer than `max_len` (specials included) keeps its whole words that
+  the cross-entropy). Where BPE has no merge of the space with the word's start, the space is a
+  piece of its own ("Ġ", the same for every word): then the piece after it carries the tag. A sentence longer than `max_len` (specials included) keeps its whole words that
   fit and is counted; its cut words are predicted "O" at decoding, so scoring still covers every gold
   word (a cut entity counts as missed). With MiniLM's tokenizer and max_len 128, CoNLL-2003 cuts 1 train
   sentence of 14,041, 3 validation of 3,250 and 1 test of 3,453 (perfect predictions then score entity
@@ -54,7 +55,7 @@ class Sentence:
 class Features:
     ids: list[int]  # [bos] subwords [eos]
     labels: list[int]  # tag index at each kept word's first subword, IGNORE elsewhere
-    word_starts: list[int]  # position of each kept word's first subword
+    word_starts: list[int]  # position of each kept word's tag-carrying (first non-space) subword
     n_words: int  # words in the sentence; those past len(word_starts) were cut by max_len
 
 
@@ -101,7 +102,10 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
     features, counts = [], Counter(sentences=len(sentences))
     for n, (sentence, encoding) in enumerate(zip(sentences, encodings)):
         pieces: list[list[int]] = [[] for _ in sentence.words]
-        for token_id, word in zip(encoding.ids, encoding.word_ids):
+        heads = [None] * len(sentence.words)  # the piece that carries the word's tag: its first one past the space
+        for token_id, word, (_, end) in zip(encoding.ids, encoding.word_ids, encoding.offsets):
+            if heads[word] is None and end > (spaced and word > 0):
+                heads[word] = len(pieces[word])
             pieces[word].append(token_id)
         unknown = [tag for tag in sentence.tags if tag not in index]
         if unknown:
@@ -110,13 +114,13 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
                             "splits use the same tags")
         counts["unk_words"] += sum(not word_pieces for word_pieces in pieces)
         ids, labels, starts = [special["bos"]], [IGNORE], []
-        for word_pieces, tag in zip(pieces, sentence.tags):
-            word_pieces = word_pieces or [special["unk"]]
+        for word_pieces, head, tag in zip(pieces, heads, sentence.tags):
+            word_pieces, head = (word_pieces, head or 0) if word_pieces else ([special["unk"]], 0)
             if len(ids) + len(word_pieces) > max_len - 1:
                 break
-            starts.append(len(ids))
+            starts.append(len(ids) + head)
             ids += word_pieces
-            labels += [index[tag]] + [IGNORE] * (len(word_pieces) - 1)
+            labels += [IGNORE] * head + [index[tag]] + [IGNORE] * (len(word_pieces) - head - 1)
         ids.append(special["eos"])
         labels.append(IGNORE)
         features.append(Features(ids, labels, starts, len(sentence.words)))
