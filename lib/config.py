@@ -614,10 +614,6 @@ class Params:
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
             kind = self.tasks[task].type
-            if kind != "classification" and "frozen" in self.finetune.variants:
-                raise ParamsError(f"finetune.variants: the frozen probe is built for classification tasks only so far, "
-                                  f"and tasks.{task} is {kind}; leave frozen out, e.g. "
-                                  "-S 'finetune.variants=[ulmfit,plain,from_scratch]'")
             if kind != "classification" and self.finetune.aux_lm_weight > 0:
                 raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss is for classification tasks, and "
                                   f"tasks.{task} is {kind}; set it to 0")

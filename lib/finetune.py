@@ -15,7 +15,7 @@ Variants, so that each trick's value shows next to its baseline:
   linear warmup and decay: the usual BERT/GPT recipe.
 - `from_scratch`: `plain` on a randomly initialised model of the same shape (its own LR, scratch_lr,
   since random weights need a larger one): what pretraining is worth.
-- `frozen` (classification only so far): a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
+- `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
   pooled features are computed once and a logistic regression is fit on them: how much the features
   alone hold.
 
@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
 from lib import distributed, runtime
@@ -45,10 +44,9 @@ from lib.distributed import Context
 from lib.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
 from lib.model import Transformer
 from lib.progress import Progress
-from lib.tasks import Example, TaskData, batch_indices, collate
+from lib.tasks import TaskData, batch_indices
 from lib.tasktypes import TYPES
 from lib.tasktypes.base import move
-from lib.tasktypes.classification import scores_of
 
 
 @dataclass
@@ -150,7 +148,8 @@ def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: Fin
               context: Context, label: str) -> tuple[RunResult, Classifier]:
     """The frozen variant: one exact fit of the probe (ProbeTrainer), reported as its one epoch."""
     started = time.perf_counter()  # the feature extraction counts too
-    probe = HeadConfig(len(task.label_names), "concat", block=False, dropout=0.0)
+    kind = TYPES[task.type]
+    probe = HeadConfig(kind.n_outputs(task), "tokens" if kind.per_token else "concat", block=False, dropout=0.0)
     model = Classifier(copy.deepcopy(adapted), probe).to(device)
     trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
     train_loss = trainer.fit()
@@ -246,19 +245,24 @@ class FullTrainer:
 
 
 class ProbeTrainer:
-    """The frozen variant: a logistic regression on the frozen backbone's features, fit exactly.
+    """The frozen variant: a linear layer on the frozen backbone's features, fit exactly.
 
-    The features are computed once and standardised with the train split's mean and std (max-pooled
-    states are far larger than mean-pooled ones). For each C in probe_c, scikit-learn's L-BFGS fits an
-    L2-regularised logistic regression to convergence; the fit with the best dev score goes into the
-    head's linear layer, and the standardisation is folded in at the end, so the saved head reads raw
-    features. A convex fit has no learning rate or epoch count that must suit each feature width: an
-    AdamW probe at one LR overshot on a 512-wide model's 1,536 features (train loss 0.66 -> 1.33)."""
+    The features (a sequence's concat-pooled state; every position's state for a per-token type) are
+    computed once and standardised with the train split's mean and std (max-pooled states are far
+    larger than mean-pooled ones). For each C in probe_c a convex fit runs to convergence: for
+    classification scikit-learn's L2-regularised logistic regression, for the other types L-BFGS on
+    the type's own loss (mean over its units) + |W|^2 / (2 C n), scikit-learn's objective divided by
+    n; the fit with the best dev score goes into the head's linear layer, and the standardisation is
+    folded in at the end, so the saved head reads raw features. A convex fit has no learning rate or
+    epoch count that must suit each feature width: an AdamW probe at one LR overshot on a 512-wide
+    model's 1,536 features (train loss 0.66 -> 1.33). Span QA caches every position's state of every
+    window (T x d floats a window): mind its memory on long contexts."""
 
     def __init__(self, model: Classifier, task: TaskData, metric: str, cfg: FinetuneConfig, impl: ImplConfig,
                  device: torch.device, pad_id: int, context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.metric, self.cfg, self.device, self.context = (
             model, task, metric, cfg, device, context)
+        self.kind = TYPES[task.type]
         for p in model.backbone.parameters():
             p.requires_grad_(False)
         model.backbone.eval()
@@ -268,48 +272,88 @@ class ProbeTrainer:
         # this rank's batches: distributed.spread gives it every world-th of each split's
         mine = sum(-(-len(batch_indices(examples, cfg.batch_size * 2)) // context.world) for examples in splits.values())
         self.progress = Progress(f"{label} features", mine, "batches", out=lambda line: distributed.say(context, line))
-        raw = {name: self._features(examples, impl, pad_id) for name, examples in splits.items()}
-        train_x = raw["train"][0]
-        self.mean, self.std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
-        self.features = {name: ((x - self.mean) / self.std, y) for name, (x, y) in raw.items()}
+        # per split, per batch: (example indices, features, the batch as the type collates it)
+        self.batches = {name: self._features(examples, impl, pad_id) for name, examples in splits.items()}
+        rows = torch.cat([self._rows(f, batch) for _, f, batch in self.batches["train"]])
+        self.mean, self.std = rows.mean(0), rows.std(0).clamp(min=1e-6)
+        self.batches = {name: [(group, (f - self.mean) / self.std, batch) for group, f, batch in batches]
+                        for name, batches in self.batches.items()}
         self.steps, self.c = 0, None  # L-BFGS iterations over every fit; the C kept
 
     @torch.no_grad()
-    def _features(self, examples: list[Example], impl: ImplConfig, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and labels of `examples` in `batches` order; under torchrun each rank encodes every
-        world-th batch."""
+    def _features(self, examples: list, impl: ImplConfig, pad_id: int) -> list[tuple[list[int], torch.Tensor, dict]]:
+        """(indices, features, batch) of each batch of `examples` in `batches` order, on the device; under
+        torchrun each rank encodes every world-th batch."""
         precision = runtime.resolve_precision(impl.precision, self.device)
+        groups = batch_indices(examples, self.cfg.batch_size * 2)
 
-        def encode(group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            batch = collate([examples[i] for i in group], pad_id).to(self.device)
+        def encode(group: list[int]) -> tuple[torch.Tensor, dict]:
+            batch = self.kind.collate([examples[i] for i in group], pad_id, self.task)
+            input_ids, segment_ids, mask = (t.to(self.device) for t in self.kind.inputs(batch))
             with runtime.autocast(self.device, precision):
-                hidden = self.model.encode(batch.input_ids, batch.segment_ids, batch.attention_mask)
+                hidden = self.model.encode(input_ids, segment_ids, mask)
             self.progress.tick(self.progress.done + 1)
-            return self.model.features(hidden.float(), batch.attention_mask).cpu(), batch.labels.cpu()  # CPU: ranks swap them
+            return self.model.features(hidden.float(), mask).cpu(), batch  # CPU: ranks swap them
 
-        feats, labels = zip(*distributed.spread(self.context, batch_indices(examples, self.cfg.batch_size * 2), encode))
-        return torch.cat(feats).to(self.device), torch.cat(labels).to(self.device)
+        encoded = distributed.spread(self.context, groups, encode)
+        return [(group, f.to(self.device), move(batch, self.device)) for group, (f, batch) in zip(groups, encoded)]
+
+    def _rows(self, features: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The feature rows the head reads: every sequence's, or every real position's."""
+        return features[self.kind.inputs(batch)[2]] if self.kind.per_token else features
 
     def fit(self) -> float:
         """Fits a probe for each C in probe_c and keeps the best on dev; returns its mean train loss.
         Every rank fits the same probes on the same gathered features."""
-        x, y = (t.cpu().numpy() for t in self.features["train"])
         linear = self.model.head[-1]
         best, kept = -math.inf, None
-        with torch.no_grad():
-            for c in self.cfg.probe_c:
-                fit = LogisticRegression(C=c, max_iter=1000).fit(x.astype(np.float64), y)
-                self.steps += int(fit.n_iter_.max())
-                weight, bias = self._linear(fit)
+        for c in self.cfg.probe_c:
+            weight, bias = self._logistic(c) if self.task.type == "classification" else self._lbfgs(c)
+            with torch.no_grad():
                 linear.weight.copy_(weight)
                 linear.bias.copy_(bias)
-                score = self.score("dev", [self.metric])[0][self.metric]
-                if kept is None or score > best:
-                    best, self.c, kept = score, c, (weight, bias)
+            score = self.score("dev", [self.metric])[0][self.metric]
+            if kept is None or score > best:
+                best, self.c, kept = score, c, (weight, bias)
+        with torch.no_grad():
             linear.weight.copy_(kept[0])
             linear.bias.copy_(kept[1])
-            x, y = self.features["train"]
-            return F.cross_entropy(self.model.head(x), y).item()
+            return self._train_loss().item()
+
+    def _logistic(self, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([f for _, f, _ in self.batches["train"]]).cpu().numpy()
+        y = torch.cat([batch["labels"] for _, _, batch in self.batches["train"]]).cpu().numpy()
+        fit = LogisticRegression(C=c, max_iter=1000).fit(x.astype(np.float64), y)
+        self.steps += int(fit.n_iter_.max())
+        return self._linear(fit)
+
+    def _train_loss(self) -> torch.Tensor:
+        """The type's loss on the train split, a mean over its units (examples, tagged words)."""
+        train, total = self.task.train, sum(self.kind.units(e) for e in self.task.train)
+        return sum(self.kind.loss(self.kind.shape(self.model.head(f), batch), batch, self.task)
+                   * sum(self.kind.units(train[i]) for i in group) / total
+                   for group, f, batch in self.batches["train"])
+
+    def _lbfgs(self, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) minimising the type's mean train loss + |W|^2 / (2 C n), from zero."""
+        linear = self.model.head[-1]
+        n = sum(self.kind.units(e) for e in self.task.train)
+        with torch.no_grad():
+            linear.weight.zero_()
+            linear.bias.zero_()
+        optimizer = torch.optim.LBFGS(linear.parameters(), max_iter=200, history_size=20,
+                                      line_search_fn="strong_wolfe")
+
+        def objective() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = self._train_loss() + linear.weight.pow(2).sum() / (2 * c * n)
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            optimizer.step(objective)
+        self.steps += optimizer.state[linear.weight].get("n_iter", 0)
+        return linear.weight.detach().clone(), linear.bias.detach().clone()
 
     def _linear(self, fit: LogisticRegression) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's (weight, bias) that give `fit`'s predictions. A binary fit has one row: P(classes_[1])
@@ -337,9 +381,13 @@ class ProbeTrainer:
     def score(self, split: str, metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         self.model.head.eval()
-        x, y = self.features[split]
-        predicted = torch.cat([self.model.head(x[i:i + 1024]).argmax(-1).cpu() for i in range(0, len(y), 1024)])
-        return scores_of(predicted, y.cpu(), metrics, len(self.task.label_names))
+        examples = self.task.dev if split == "dev" else self.task.eval
+        predictions: list = [None] * len(examples)
+        for group, f, batch in self.batches[split]:
+            outputs = self.kind.shape(self.model.head(f), batch).cpu()
+            for i, prediction in zip(group, self.kind.predict(outputs, [examples[i] for i in group], self.task)):
+                predictions[i] = prediction
+        return self.kind.score(self.task, split, predictions, metrics, calibration)
 
 
 def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,

@@ -21,7 +21,10 @@ def test_default_params_load(chdir_root):
     params = load_params("params.yaml")
     assert params.objective in ("clm", "mlm", "electra")
     assert params.corpora.pretrain.valid_split == "validation"
-    assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte"}
+    assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte", "conll2003", "squad", "squad_v2", "stsb", "codah"}
+    assert {name: task.type for name, task in params.tasks.items() if task.type != "classification"} == {
+        "conll2003": "tagging", "squad": "span_qa", "squad_v2": "span_qa", "stsb": "regression",
+        "codah": "multiple_choice"}
     assert params.tasks["mrpc"].text_pair_field == "text_b"
 
 
@@ -190,9 +193,10 @@ def test_task_fields(chdir_root, tmp_path, default_params):
     default_params["tasks"]["mrpc"].update(type="tagging", metrics=None)
     assert load(tmp_path, default_params).tasks["mrpc"].metrics == ["f1"]  # the type's default
     default_params["finetune"]["tasks"] = ["mrpc"]
-    assert "finetune.variants: the frozen probe is built for classification tasks only so far, and tasks.mrpc is " \
-           "tagging" in error_of(tmp_path, default_params)
-    default_params["finetune"]["tasks"] = ["imdb", "sst2"]
+    default_params["finetune"]["aux_lm_weight"] = 0.5
+    assert "finetune.aux_lm_weight: the auxiliary LM loss is for classification tasks, and tasks.mrpc is tagging" \
+           in error_of(tmp_path, default_params)
+    default_params["finetune"].update(tasks=["imdb", "sst2"], aux_lm_weight=0.0)
     default_params["tasks"]["mrpc"].update(type="classification")
     default_params["tasks"]["mrpc"]["metrics"] = ["f1"]
     default_params["tasks"]["sst2"]["max_len"] = 1024  # checked for the tasks that finetune trains

@@ -1,6 +1,6 @@
 """Every task type through the finetune loop: read from a local folder (bad rows skipped and counted,
-dev hashed out of train), trained by lib.finetune.run_variant's full variants on a tiny backbone, and
-scored on its evaluation split with its own metrics, above what guessing gets."""
+dev hashed out of train), trained by lib.finetune.run_variant's plain, ulmfit and frozen variants on a
+tiny backbone, and scored on its evaluation split with its own metrics, far above what guessing gets."""
 from __future__ import annotations
 
 import gzip
@@ -105,7 +105,7 @@ def test_each_type_reads_counts_bad_rows_and_learns(tmp_path, tokenizer, one_thr
     torch.manual_seed(0)
     backbone = Transformer(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
                                              d_ff=64, dropout=0.0, max_positions=32))
-    for variant in ("plain", "ulmfit"):
+    for variant in ("plain", "ulmfit", "frozen"):
         result, model = run_variant(variant, task, cfg.metrics, backbone, CFG, IMPL, torch.device("cpu"), 1,
                                     special["pad"], tmp_path / f"ck-{variant}", "fp")
         assert set(result.eval) == set(cfg.metrics) and result.confusion is None

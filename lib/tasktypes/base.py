@@ -93,10 +93,18 @@ class TaskType:
         """How many terms of the loss's mean this example gives."""
         return 1
 
+    def inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, segment_ids, attention_mask), (N, T) each, as the model reads them."""
+        return batch["input_ids"], batch["segment_ids"], batch["attention_mask"]
+
+    def shape(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The head's outputs on `inputs(batch)` as the loss and predictions take them."""
+        return outputs
+
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
         """(outputs, hidden states) of `model` (a lib.classifier.Classifier) on `batch`."""
-        return model(batch["input_ids"], batch["segment_ids"], batch["attention_mask"],
-                     output_hidden_states=output_hidden_states)
+        outputs, hidden = model(*self.inputs(batch), output_hidden_states=output_hidden_states)
+        return self.shape(outputs, batch), hidden
 
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         raise NotImplementedError

@@ -21,7 +21,6 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from lib.config import TaskConfig
 from lib.metrics import choice_accuracy
@@ -130,11 +129,11 @@ class MultipleChoice(TaskType):
     def collate(self, examples: Sequence[Choices], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
         return collate(list(examples), pad_id)
 
-    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
-        shape = batch["input_ids"].shape[:2]
-        outputs, hidden = model(*(batch[k].flatten(0, 1) for k in ("input_ids", "segment_ids", "attention_mask")),
-                                output_hidden_states=output_hidden_states)
-        return outputs.view(shape), hidden
+    def inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(batch[k].flatten(0, 1) for k in ("input_ids", "segment_ids", "attention_mask"))
+
+    def shape(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return outputs.view(batch["input_ids"].shape[:2])
 
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         return loss(outputs, batch)
