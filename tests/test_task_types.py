@@ -83,6 +83,12 @@ def write_split(folder: Path, split: str, rows: list[dict]) -> None:
         f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
+def task_config(task_type: str, folder: Path) -> TaskConfig:
+    cfg = TaskConfig(source=str(folder), type=task_type, **{"max_len": 32, **TYPES_UNDER_TEST[task_type][2]})
+    cfg.validate(f"tasks.{task_type}")
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return trained("bpe", tmp_path_factory.mktemp("tok") / "bpe")
@@ -90,13 +96,12 @@ def tokenizer(tmp_path_factory):
 
 @pytest.mark.parametrize("task_type", list(TYPES_UNDER_TEST))
 def test_each_type_reads_counts_bad_rows_and_learns(tmp_path, tokenizer, one_thread, task_type):
-    make, (bad, reason), fields, chance = TYPES_UNDER_TEST[task_type]
+    make, (bad, reason), _, chance = TYPES_UNDER_TEST[task_type]
     rng = random.Random(0)
     folder = tmp_path / task_type
     write_split(folder, "train", [make(rng, n) for n in range(240)] + [bad])
     write_split(folder, "validation", [make(rng, 1000 + n) for n in range(80)])
-    cfg = TaskConfig(source=str(folder), type=task_type, max_len=fields.pop("max_len", 32), **fields)
-    cfg.validate(f"tasks.{task_type}")
+    cfg = task_config(task_type, folder)
     tok, special = tokenizer
     kind = TYPES[task_type]
     task = kind.load(task_type, cfg, tok, special, dev_fraction=CFG.dev_fraction, dev_max=CFG.dev_max, max_train=150)
@@ -130,3 +135,24 @@ def test_the_same_examples_land_in_dev_whatever_the_train_limit(tmp_path, tokeni
     assert len(small.references["train"]) == 10 < len(full.references["train"])
     dev_contexts = {q.context for q in full.references["dev"]}
     assert dev_contexts and not dev_contexts & {q.context for q in full.references["train"]}
+
+
+@pytest.mark.parametrize("task_type", list(TYPES_UNDER_TEST))
+def test_a_causal_model_takes_each_shape(tmp_path, tokenizer, one_thread, task_type):
+    """GPT-1's recipe: sequence-level types read the last real token's state, per-token types every
+    position's (which sees only what is left of it)."""
+    make, _, _, chance = TYPES_UNDER_TEST[task_type]
+    rng = random.Random(2)
+    folder = tmp_path / task_type
+    write_split(folder, "train", [make(rng, n) for n in range(240)])
+    write_split(folder, "validation", [make(rng, 1000 + n) for n in range(80)])
+    cfg = task_config(task_type, folder)
+    tok, special = tokenizer
+    task = TYPES[task_type].load(task_type, cfg, tok, special, dev_fraction=CFG.dev_fraction, dev_max=CFG.dev_max,
+                                 max_train=150)
+    torch.manual_seed(0)
+    backbone = Transformer(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+                                             d_ff=64, dropout=0.0, max_positions=32, causal=True))
+    result, _ = run_variant("plain", task, cfg.metrics, backbone, CFG, IMPL, torch.device("cpu"), 1, special["pad"],
+                            tmp_path / "ck", "fp")
+    assert result.eval[cfg.metrics[0]] > chance + 0.3, (result.eval, result.history)
