@@ -1,21 +1,29 @@
 """Distillation: the loss terms on hand-made values, the student's initialisation from the teacher,
-the teacher's outputs computed once, resume after a kill, and a student that learns the toy task."""
+the teacher's outputs computed once, resume after a kill, and a student that learns the toy task; for
+every other task type, its soft loss, its cache, a student that learns from its teacher, and the stage
+on a regression task."""
 import copy
 import dataclasses
+import json
 import math
 
 import pytest
 import torch
 
 import lib.distill as distill
-from lib.classifier import Classifier, HeadConfig
-from lib.config import DistillConfig, ImplConfig
+import stages.distill
+from lib import tracking
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.config import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
+from lib.distributed import Context
 from lib.distill import (SOFT_LOSSES, build_student, distill_task, hidden_loss, masked_soft_loss, patient_loss,
                          soft_loss, span_soft_loss, student_plan, teacher_outputs, token_soft_loss)
 from lib.errors import UserError
 from lib.finetune import run_variant, score_split
 from lib.tasks import UNLABELED, Example, TaskData
-from lib.tasktypes import multiple_choice, regression, span_qa, tagging
+from lib.tasktypes import TYPES, multiple_choice, regression, span_qa, tagging
+from tests.helpers import write_jsonl_gz
+from tests import tasktype_helpers
 from tests.test_finetune import BOS, CFG, EOS, PAD, VOCAB, backbone, toy_task
 
 IMPL = ImplConfig(precision="fp32", compile="off")
@@ -365,14 +373,55 @@ def test_teacher_outputs_of_per_token_and_choice_types():
 
 
 def test_unlabeled_transfer_text_is_for_classification_only(tmp_path):
-    from lib.config import ParamsError, TaskConfig
-    from stages.distill import check_unlabeled
     task = regression_task(200)
     teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0))
     with pytest.raises(UserError, match=r"distill.unlabeled.toy"):
         distill_task(teacher, task, [Example([BOS, 9, EOS], [0, 0, 0], UNLABELED)], ["pearson"], DISTILL, IMPL,
                      torch.device("cpu"), 0, PAD, tmp_path, "fp")
     tasks = {"sts": TaskConfig(source="glue/stsb", type="regression"), "sst": TaskConfig(source="glue/sst2")}
-    check_unlabeled({"sst": "unsupervised"}, tasks)
+    stages.distill.check_unlabeled({"sst": "unsupervised"}, tasks)
     with pytest.raises(ParamsError, match=r"distill.unlabeled.sts: 'test' names unlabeled text for a regression"):
-        check_unlabeled({"sts": "test"}, tasks)
+        stages.distill.check_unlabeled({"sts": "test"}, tasks)
+
+
+def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
+    """stages.distill.distill_once on a regression task read from a source folder: the task is read as
+    its type reads it, the student learns in the teacher's target scale (the teacher's saved info wins
+    over a recomputed one) and is saved with the type and that info; a teacher of another type is refused."""
+    g, vocabulary = torch.Generator().manual_seed(0), tasktype_helpers.WORDS
+    for split, n in (("train", 150), ("validation", 30)):
+        rows = []
+        for _ in range(n):
+            words = [vocabulary[int(i)] for i in torch.randint(0, len(vocabulary), (6,), generator=g)]
+            score = float(torch.randint(0, 4, (1,), generator=g))
+            words[:int(score)] = ["king"] * int(score)
+            rows.append({"sentence1": " ".join(words), "sentence2": "the city", "label": score})
+        write_jsonl_gz(tmp_path / "sts" / f"{split}.jsonl.gz", rows)
+    task_cfg = TaskConfig(source=str(tmp_path / "sts"), type="regression", text_field="sentence1",
+                          text_pair_field="sentence2", max_len=24, metrics=["pearson"])
+    tokenizer, special = tasktype_helpers.trained("bpe", tmp_path / "tokenizer")
+    params = Params(corpora=None, tasks={"sts": task_cfg}, finetune=FinetuneConfig(tasks=["sts"]), impl=IMPL,
+                    distill=dataclasses.replace(DISTILL, tasks=["sts"], epochs=2))
+    task = TYPES["regression"].load("sts", task_cfg, tokenizer, special, dev_fraction=0.1, dev_max=100)
+    teacher = Classifier(backbone(n_layers=2, vocab_size=tokenizer.get_vocab_size(), max_positions=32),
+                         HeadConfig(1, "token", block=False, dropout=0.0))
+    saved_info = {**task.info, "mean": task.info["mean"] + 0.25}  # as if the teacher had learnt another scale
+    meta = {"task": "sts", "type": "regression", "info": saved_info, "label_names": [], "variant": "plain", "seed": 0,
+            "encoding": {"max_len": 24}}
+    save_classifier(teacher, tmp_path / "teacher", tmp_path / "tokenizer", meta)
+    teacher, info = load_classifier(tmp_path / "teacher")
+    result = stages.distill.distill_once("sts", task_cfg, teacher, info, tmp_path / "teacher", params,
+                                         torch.device("cpu"), tmp_path / "ckpt", "fp", tracking.StageRun(), Context())
+    assert result.transfer == {"labeled": len(task.train), "unlabeled": 0} and result.confusion is None
+    assert math.isfinite(result.student["dev"]["pearson"])
+    saved = json.loads((tmp_path / "ckpt" / "student" / "classifier.json").read_text())
+    assert saved["type"] == "regression" and saved["info"] == pytest.approx(saved_info)
+    student, _ = load_classifier(tmp_path / "ckpt" / "student")
+    assert student.backbone.cfg.n_layers == DISTILL.layers
+    assert stages.distill.summarise(result, ["pearson"], info)["metric"] == "pearson"
+
+    with pytest.raises(UserError, match=r"tasks.sts.type: regression, but the teacher .* was finetuned as "
+                                        r"classification"):
+        stages.distill.distill_once("sts", task_cfg, teacher, {**info, "type": "classification"}, tmp_path / "teacher",
+                                    params, torch.device("cpu"), tmp_path / "ckpt2", "fp", tracking.StageRun(),
+                                    Context())
