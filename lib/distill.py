@@ -25,10 +25,10 @@ they compare each (context, ending) sequence's states, and a question's pkd term
 choices.
 
 The transfer set is the task's train examples plus, for classification, unlabeled in-domain text that
-only the teacher labels. The teacher's outputs (logits and the states the losses need) are computed once, before the
-first epoch, and kept in memory. Each epoch ends in a checkpoint; a killed run started again resumes
-after its last finished epoch and ends with the same student, since batch order and dropout come
-from the seed and the saved RNG state.
+only the teacher labels. The teacher's outputs (its outputs, per token for tagging and spans, and the
+states the losses need) are computed once, before the first epoch, and kept in memory. Each epoch
+ends in a checkpoint; a killed run started again resumes after its last finished epoch and ends with
+the same student, since batch order and dropout come from the seed and the saved RNG state.
 """
 from __future__ import annotations
 
