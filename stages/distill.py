@@ -1,9 +1,11 @@
 """Stage `distill`: a smaller student per task from its finetuned teacher (lib/distill.py).
 
 For every task in distill.tasks it loads the teacher the finetune stage kept (--teachers/<task>),
-the same train/dev/eval examples finetune used, and, where distill.unlabeled names a split, that
-many in-domain texts for the teacher to label; trains the student and writes:
-- --out/<task>/: the student classifier (lib/classifier.py format, with label names and tokenizer);
+the same train/dev/eval examples finetune used (read as the task's type reads them, lib/tasktypes),
+and, for a classification task where distill.unlabeled names a split, that many in-domain texts for
+the teacher to label; trains the student and writes:
+- --out/<task>/: the student classifier (lib/classifier.py format, with the task's type, label names,
+  tokenizer and the teacher's type info: regression's target scale, the units its outputs are in);
 - the metrics JSON: per task, teacher and student scores on dev and the evaluation split, the share
   of the teacher's score the student keeps, sizes, transfer-set counts and timings;
 - --plots/<task>.csv: per epoch, each loss term and the dev metric;
@@ -11,6 +13,7 @@ many in-domain texts for the teacher to label; trains the student and writes:
 A finished task is kept in --checkpoints and a task in progress resumes from its last epoch.
 """
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,14 +21,15 @@ from pathlib import Path
 from lib import distributed, runtime, tracking
 from lib.checkpoint import fingerprint
 from lib.classifier import load_classifier, save_classifier
-from lib.config import load_params, stage_params
+from lib.config import ParamsError, load_params, stage_params
 from lib.distill import DistillResult, distill_task
-from lib.errors import run_main
+from lib.errors import UserError, run_main
 from lib.finetune import run_name
 from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
 from lib.raw import localize
 from lib.model import MODEL_FILE
 from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
+from lib.tasktypes import TYPES
 from lib.tokenizer import load_tokenizer, saved_special_ids
 
 STUDENT, RESULT = "student", "result.json"
@@ -48,6 +52,7 @@ def main() -> None:
     cfg = params.distill
     local = localize(params, args.raw).tasks
     tasks = {name: local[name] for name in cfg.tasks}
+    check_unlabeled(cfg.unlabeled, tasks)
     keyed_on = stage_params(params, "distill")
     device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
@@ -84,14 +89,25 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     cfg, ft = params.distill, params.finetune
     tokenizer = load_tokenizer(teacher_dir)
     special = saved_special_ids(teacher_dir)
-    rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
-                     max_train=ft.train_limit(name), max_eval=ft.eval_limit(name))
-    task = encode_task(rows, task_cfg, tokenizer, special)
+    taught_as = info.get("type", "classification")  # a classifier.json from before task types is one
+    if taught_as != task_cfg.type:
+        raise UserError(f"tasks.{name}.type: {task_cfg.type}, but the teacher in {teacher_dir} was finetuned as "
+                        f"{taught_as}; run the finetune stage again")
     unlabeled, skipped = [], {}
-    if name in cfg.unlabeled:
-        held_out = {example_hash(row) for row in rows.dev + (rows.eval or [])}
-        texts, skipped = read_unlabeled(name, task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out)
-        unlabeled = encode_rows(texts, task_cfg, tokenizer, special)[0]
+    if task_cfg.type == "classification":  # its rows are hashed to keep the unlabeled texts apart from dev and eval
+        rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
+                         max_train=ft.train_limit(name), max_eval=ft.eval_limit(name))
+        task = encode_task(rows, task_cfg, tokenizer, special)
+        if name in cfg.unlabeled:
+            held_out = {example_hash(row) for row in rows.dev + (rows.eval or [])}
+            texts, skipped = read_unlabeled(name, task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out)
+            unlabeled = encode_rows(texts, task_cfg, tokenizer, special)[0]
+    else:
+        task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=ft.dev_fraction,
+                                         dev_max=ft.dev_max, max_train=ft.train_limit(name),
+                                         max_eval=ft.eval_limit(name))
+        # the teacher's outputs are in its units (regression's target scale): the student learns in those
+        task = dataclasses.replace(task, info={**task.info, **info.get("info", {})})
     distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {len(task.train)} labeled + "
         f"{len(unlabeled)} unlabeled transfer examples (skipped {skipped}), {len(task.dev)} dev")
     child = run.child(f"{name}/student", {"task": name, "teacher_variant": info["variant"]},
@@ -115,13 +131,23 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     distributed.say(context, f"{name}: teacher {result.teacher}, student {result.student} ({result.seconds:.0f} s)")
     if not context.main:
         return result
-    meta = {"task": name, "label_names": task.label_names, "encoding": info["encoding"], "variant": "student",
+    meta = {"task": name, "type": task.type, "info": task.info, "label_names": task.label_names,
+            "encoding": info["encoding"], "variant": "student",
             "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
     print(f"{name}: {task_dir / STUDENT} as {save_classifier(student, task_dir / STUDENT, teacher_dir, meta)}", flush=True)
     write_json(task_dir / RESULT, {"fingerprint": run_id, "result": result.__dict__})
     return result
+
+
+def check_unlabeled(unlabeled: dict[str, str], tasks: dict) -> None:
+    """Unlabeled transfer text (distill.unlabeled) is read and labeled as classification text: refuse it,
+    before any task is distilled, for a task of another type."""
+    for name, split in unlabeled.items():
+        if name in tasks and tasks[name].type != "classification":
+            raise ParamsError(f"distill.unlabeled.{name}: {split!r} names unlabeled text for a {tasks[name].type} "
+                              "task; only classification tasks take unlabeled transfer text: remove the entry")
 
 
 def summarise(result: DistillResult, metric_names: list[str], info: dict) -> dict:

@@ -1,21 +1,30 @@
 """Distillation: the loss terms on hand-made values, the student's initialisation from the teacher,
-the teacher's outputs computed once, resume after a kill, and a student that learns the toy task."""
+the teacher's outputs computed once, resume after a kill, and a student that learns the toy task; for
+every other task type, its soft loss, its cache, a student that learns from its teacher, and the stage
+on a regression task."""
 import copy
 import dataclasses
+import json
 import math
 
 import pytest
 import torch
 
 import lib.distill as distill
-from lib.classifier import Classifier, HeadConfig
-from lib.config import DistillConfig, ImplConfig
-from lib.distill import (build_student, distill_task, hidden_loss, patient_loss, soft_loss, student_plan,
-                         teacher_outputs)
+import stages.distill
+from lib import tracking
+from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.config import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
+from lib.distributed import Context
+from lib.distill import (SOFT_LOSSES, build_student, distill_task, hidden_loss, masked_soft_loss, patient_loss,
+                         soft_loss, span_soft_loss, student_plan, teacher_outputs, token_soft_loss)
 from lib.errors import UserError
-from lib.finetune import run_variant
-from lib.tasks import UNLABELED, Example
-from tests.test_finetune import CFG, PAD, backbone, toy_task
+from lib.finetune import run_variant, score_split
+from lib.tasks import UNLABELED, Example, TaskData
+from lib.tasktypes import TYPES, multiple_choice, regression, span_qa, tagging
+from tests.helpers import write_jsonl_gz
+from tests import tasktype_helpers
+from tests.test_finetune import BOS, CFG, EOS, PAD, VOCAB, backbone, toy_task
 
 IMPL = ImplConfig(precision="fp32", compile="off")
 DISTILL = DistillConfig(tasks=["toy"], layers=2, epochs=3, batch_size=16, lr=2e-3, patience=3)
@@ -141,3 +150,278 @@ def test_a_killed_distillation_resumes_to_the_same_student(tmp_path, trained):
     distill_task(teacher, task, [], ["accuracy"], cfg, IMPL, torch.device("cpu"), 0, PAD, tmp_path / "killed",
                  "another-config", lambda row: epochs.append(row["epoch"]))
     assert epochs == [1, 2, 3]  # another configuration's checkpoint is not resumed
+
+
+# ---- every task type -----------------------------------------------------------------------------------------------
+# Toy tasks of each type built by hand from token ids (VOCAB, PAD, BOS, EOS of tests/test_finetune.py), each
+# learnable from token 7: tagging tags it, span_qa's answer is it, multiple choice's right ending holds it,
+# regression's score counts it. A word or context token t reads "w<t>".
+
+def _tokens(g: torch.Generator, low: int = 3, high: int = 10) -> list[int]:
+    return torch.randint(8, VOCAB, (int(torch.randint(low, high, (1,), generator=g)),), generator=g).tolist()
+
+
+def _split(task_type: str, examples: list, label_names=(), references=None, n_train=120, n_dev=40, **info):
+    refs = references or {}
+    return TaskData("toy", list(label_names), examples[:n_train], examples[n_train:n_train + n_dev],
+                    examples[n_train + n_dev:], "test", {}, {}, task_type, info,
+                    {"dev": refs.get("dev", []), "eval": refs.get("eval", [])})
+
+
+def regression_task(n: int = 200) -> TaskData:
+    g = torch.Generator().manual_seed(0)
+    examples = []
+    for i in range(n):
+        tokens = _tokens(g, 5, 10)
+        for k in range(i % 4):
+            tokens[k * 2] = 7
+        ids = [BOS, *tokens, EOS]
+        examples.append(regression.Example(ids, [0] * len(ids), float(i % 4)))
+    values = torch.tensor([e.value for e in examples[:120]])
+    return _split("regression", examples, mean=float(values.mean()), std=float(values.std(correction=0)))
+
+
+def tagging_task(n: int = 200) -> TaskData:
+    g = torch.Generator().manual_seed(0)
+    names = ["O", "B-X", "I-X"]
+    features, sentences = [], []
+    for _ in range(n):
+        tokens = _tokens(g)
+        tokens[int(torch.randint(0, len(tokens), (1,), generator=g))] = 7
+        tags = ["B-X" if t == 7 else "O" for t in tokens]
+        features.append(tagging.Features([BOS, *tokens, EOS], [tagging.IGNORE, *(names.index(t) for t in tags),
+                                                              tagging.IGNORE], list(range(1, len(tokens) + 1)),
+                                         len(tokens)))
+        sentences.append(tagging.Sentence([f"w{t}" for t in tokens], tags))
+    return _split("tagging", features, names, {"dev": sentences[120:160], "eval": sentences[160:]})
+
+
+def span_task(n: int = 200) -> TaskData:
+    """A question (token 5) over a context that holds token 7 once, its answer."""
+    g = torch.Generator().manual_seed(0)
+    windows, questions = [], []
+    for i in range(n):
+        tokens = _tokens(g)
+        at = int(torch.randint(0, len(tokens), (1,), generator=g))
+        tokens[at] = 7
+        words = [f"w{t}" for t in tokens]
+        offsets, char = [], 0
+        for word in words:
+            offsets.append((char, char + len(word)))
+            char += len(word) + 1
+        context = " ".join(words)
+        question = span_qa.Question(str(i), "w5", context, [span_qa.Answer("w7", offsets[at][0])])
+        ids = [BOS, 5, EOS, *tokens, EOS]
+        index = i - (0 if i < 120 else 120 if i < 160 else 160)  # each split's windows count its own questions
+        windows.append(span_qa.Window(index, ids, [0, 0, 0] + [1] * (len(tokens) + 1),
+                                      [None] * 3 + offsets + [None], 3 + at, 3 + at))
+        questions.append(question)
+    return _split("span_qa", windows, references={"dev": questions[120:160], "eval": questions[160:]},
+                  unanswerable=False, max_answer_len=5)
+
+
+def choice_task(n: int = 200, n_choices: int = 3) -> TaskData:
+    g = torch.Generator().manual_seed(0)
+    features = []
+    for i in range(n):
+        context, label = _tokens(g, 3, 6), i % n_choices
+        ids = []
+        for c in range(n_choices):
+            ending = _tokens(g, 2, 4)
+            if c == label:
+                ending[0] = 7
+            ids.append([BOS, *context, EOS, *ending, EOS])
+        features.append(multiple_choice.Choices(ids, [[0] * (len(context) + 2) + [1] * (len(s) - len(context) - 2)
+                                                      for s in ids], label))
+    return _split("multiple_choice", features, n_choices=n_choices)
+
+
+TYPE_TASKS = {"regression": (regression_task, "pearson", 0.8), "tagging": (tagging_task, "f1", 0.8),
+              "span_qa": (span_task, "f1", 0.8), "multiple_choice": (choice_task, "accuracy", 0.8)}
+
+
+@pytest.fixture(scope="module", params=list(TYPE_TASKS))
+def typed_teacher(request, tmp_path_factory):
+    """(task, metric, bar, a 4-layer teacher finetuned on it from scratch) of each type but classification."""
+    make, metric, bar = TYPE_TASKS[request.param]
+    task = make()
+    cfg = dataclasses.replace(CFG, epochs=6, patience=6)
+    torch.set_num_threads(1)
+    _, teacher = run_variant("from_scratch", task, [metric], backbone(n_layers=4), cfg, IMPL, torch.device("cpu"), 0,
+                             PAD, tmp_path_factory.mktemp("teacher"), "fp")
+    return task, metric, bar, teacher
+
+
+def test_a_student_of_every_type_learns_from_its_teacher_alone(tmp_path, typed_teacher):
+    """A randomly initialised student with no gold labels (hard_weight 0) and no state loss learns the
+    task from the teacher's soft targets only."""
+    task, metric, bar, teacher = typed_teacher
+    cfg = dataclasses.replace(DISTILL, init="random", hard_weight=0.0, hidden_weight=0.0, epochs=6, patience=6)
+    torch.manual_seed(0)
+    untrained = build_student(teacher, cfg, [])
+    assert score_split(untrained, task, "eval", [metric], 32, PAD, torch.device("cpu"), IMPL)[0][metric] < bar
+    result, student = distill_task(teacher, task, [], [metric], cfg, IMPL, torch.device("cpu"), 0, PAD, tmp_path, "fp")
+    assert result.teacher["eval"][metric] > bar, result.teacher
+    assert result.student["eval"][metric] > bar, (result.student, result.history)
+    assert result.confusion is None
+    assert set(result.history[0]) >= {"soft_loss", "train_loss"} and "hard_loss" not in result.history[0]
+    assert result.history[-1]["soft_loss"] < result.history[0]["soft_loss"]
+
+
+def test_every_loss_term_runs_for_every_type(tmp_path, typed_teacher):
+    """The hard loss (the type's own), the hidden-state and Patient-KD losses (multiple choice: per choice
+    sequence) on a student copied from the teacher; the student keeps most of the teacher's score."""
+    task, metric, bar, teacher = typed_teacher
+    cfg = dataclasses.replace(DISTILL, pkd_weight=1.0, hidden_layers="all", epochs=2)
+    result, _ = distill_task(teacher, task, [], [metric], cfg, IMPL, torch.device("cpu"), 0, PAD, tmp_path, "fp")
+    assert {"soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"} <= set(result.history[0])
+    assert all(math.isfinite(v) for row in result.history for v in row.values())
+    assert result.student["eval"][metric] > bar, (result.student, result.history)
+
+
+def test_token_soft_loss_averages_over_the_tagged_positions_only():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
+    positions = torch.tensor([[False, True, True, False], [False, True, False, False]])
+    by_position = [soft_loss(student[b, t][None], teacher[b, t][None], 2.0).item()
+                   for b, t in positions.nonzero().tolist()]
+    assert token_soft_loss(student, teacher, positions, 2.0).item() == pytest.approx(sum(by_position) / 3, rel=1e-5)
+    other = student.clone()
+    other[~positions] = 100.0  # padding, [bos], a word's later subwords: not read
+    assert token_soft_loss(other, teacher, positions, 2.0).item() == pytest.approx(
+        token_soft_loss(student, teacher, positions, 2.0).item(), rel=1e-6)
+    same = teacher.clone()
+    same[~positions] = -5.0
+    assert token_soft_loss(same, teacher, positions, 3.0).item() == pytest.approx(0.0, abs=1e-6)
+    none = torch.zeros(2, 4, dtype=torch.bool)
+    zero = token_soft_loss(student.requires_grad_(), teacher, none, 2.0)
+    assert zero.item() == 0.0 and zero.requires_grad
+    # through the batch, as the distillation calls it: tagging's IGNORE labels mark the untagged positions
+    labels = torch.where(positions, 1, tagging.IGNORE)
+    assert SOFT_LOSSES["tagging"](student, teacher, {"labels": labels}, 2.0).item() == pytest.approx(
+        sum(by_position) / 3, rel=1e-5)
+
+
+def test_span_soft_loss_is_the_kl_over_the_candidate_positions_of_start_and_end():
+    student = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [9.0, -9.0], [0.5, 0.5]]])  # (1, T=4, start/end)
+    teacher = torch.tensor([[[0.0, 1.0], [2.0, 0.0], [-9.0, 9.0], [0.0, 0.0]]])
+    candidates = torch.tensor([[True, True, False, True]])  # position 2: a question token
+    T = 2.0
+
+    def by_hand(s, t):  # the KL of the softmaxes over positions 0, 1, 3 only
+        keep = [0, 1, 3]
+        p, q = torch.softmax(t[keep] / T, 0), torch.softmax(s[keep] / T, 0)
+        return float((p * (p / q).log()).sum()) * T * T
+
+    expected = (by_hand(student[0, :, 0], teacher[0, :, 0]) + by_hand(student[0, :, 1], teacher[0, :, 1])) / 2
+    assert span_soft_loss(student, teacher, candidates, T).item() == pytest.approx(expected, rel=1e-5)
+    assert SOFT_LOSSES["span_qa"](student, teacher, {"candidates": candidates}, T).item() == pytest.approx(
+        expected, rel=1e-5)
+    same = teacher.clone()
+    same[0, 2] = torch.tensor([50.0, -50.0])  # differs only where no answer can begin or end
+    assert span_soft_loss(same, teacher, candidates, T).item() == pytest.approx(0.0, abs=1e-6)
+    leaf = student.clone().requires_grad_()
+    span_soft_loss(leaf, teacher, candidates, T).backward()
+    assert torch.isfinite(leaf.grad).all() and (leaf.grad[0, 2] == 0).all()  # no nan from the masked positions
+    every = torch.ones(1, 4, dtype=torch.bool)  # with every position a candidate: the plain soft loss, T^2 and all
+    for t in (1.0, 3.0):
+        assert masked_soft_loss(student[..., 0], teacher[..., 0], every, t).item() == pytest.approx(
+            soft_loss(student[..., 0], teacher[..., 0], t).item(), rel=1e-5)
+
+
+def test_regression_soft_loss_is_the_mse_of_the_scores_whatever_the_temperature():
+    student, teacher = torch.tensor([[0.5], [-1.0]]), torch.tensor([[1.5], [-1.0]])
+    for T in (1.0, 4.0):
+        assert SOFT_LOSSES["regression"](student, teacher, {}, T).item() == pytest.approx(0.5)
+    assert SOFT_LOSSES["regression"](teacher, teacher, {}, 2.0).item() == 0.0
+
+
+def test_multiple_choice_soft_loss_is_over_a_questions_choices():
+    student, teacher = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 2.0, 0.0]])
+    assert SOFT_LOSSES["multiple_choice"](student, teacher, {}, 2.0).item() == pytest.approx(
+        soft_loss(student, teacher, 2.0).item())
+    assert SOFT_LOSSES["multiple_choice"](teacher + 3.0, teacher, {}, 2.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_teacher_outputs_of_per_token_and_choice_types():
+    """Tagging: per example (T_i, n_tags), its length only; multiple choice: (N, n_choices) scores, and
+    the states per choice sequence, each cropped to that sequence's length."""
+    task = tagging_task(20)
+    teacher = Classifier(backbone(n_layers=2), HeadConfig(3, "tokens", block=False, dropout=0.0)).eval()
+    cache = teacher_outputs(teacher, task.train, [2], [1], 8, PAD, torch.device("cpu"), IMPL, task=task)
+    one = task.train[3]
+    ids = torch.tensor([one.ids])
+    with torch.no_grad():
+        logits, _ = teacher(ids, torch.zeros_like(ids), torch.ones_like(ids, dtype=torch.bool))
+    assert cache.logits[3].shape == (len(one.ids), 3)
+    torch.testing.assert_close(cache.logits[3], logits[0], atol=1e-5, rtol=1e-5)
+    assert cache.hidden[3].shape == (1, len(one.ids), 32) and cache.summary.shape == (20, 1, 32)
+
+    task = choice_task(10)
+    teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0)).eval()
+    cache = teacher_outputs(teacher, task.train, [2], [1], 4, PAD, torch.device("cpu"), IMPL, task=task)
+    assert cache.logits.shape == (10, 3) and len(cache.hidden) == 30 and cache.summary.shape == (30, 1, 32)
+    q = task.train[4]
+    for c in range(3):
+        ids = torch.tensor([q.ids[c]])
+        with torch.no_grad():
+            score, (_, states) = teacher(ids, torch.tensor([q.segments[c]]), torch.ones_like(ids, dtype=torch.bool),
+                                         output_hidden_states=True)
+        torch.testing.assert_close(cache.logits[4, c], score[0, 0], atol=1e-5, rtol=1e-5)
+        assert cache.hidden[4 * 3 + c].shape == (1, len(q.ids[c]), 32)
+        torch.testing.assert_close(cache.summary[4 * 3 + c, 0], states[1][0, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_unlabeled_transfer_text_is_for_classification_only(tmp_path):
+    task = regression_task(200)
+    teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0))
+    with pytest.raises(UserError, match=r"distill.unlabeled.toy"):
+        distill_task(teacher, task, [Example([BOS, 9, EOS], [0, 0, 0], UNLABELED)], ["pearson"], DISTILL, IMPL,
+                     torch.device("cpu"), 0, PAD, tmp_path, "fp")
+    tasks = {"sts": TaskConfig(source="glue/stsb", type="regression"), "sst": TaskConfig(source="glue/sst2")}
+    stages.distill.check_unlabeled({"sst": "unsupervised"}, tasks)
+    with pytest.raises(ParamsError, match=r"distill.unlabeled.sts: 'test' names unlabeled text for a regression"):
+        stages.distill.check_unlabeled({"sts": "test"}, tasks)
+
+
+def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
+    """stages.distill.distill_once on a regression task read from a source folder: the task is read as
+    its type reads it, the student learns in the teacher's target scale (the teacher's saved info wins
+    over a recomputed one) and is saved with the type and that info; a teacher of another type is refused."""
+    g, vocabulary = torch.Generator().manual_seed(0), tasktype_helpers.WORDS
+    for split, n in (("train", 150), ("validation", 30)):
+        rows = []
+        for _ in range(n):
+            words = [vocabulary[int(i)] for i in torch.randint(0, len(vocabulary), (6,), generator=g)]
+            score = float(torch.randint(0, 4, (1,), generator=g))
+            words[:int(score)] = ["king"] * int(score)
+            rows.append({"sentence1": " ".join(words), "sentence2": "the city", "label": score})
+        write_jsonl_gz(tmp_path / "sts" / f"{split}.jsonl.gz", rows)
+    task_cfg = TaskConfig(source=str(tmp_path / "sts"), type="regression", text_field="sentence1",
+                          text_pair_field="sentence2", max_len=24, metrics=["pearson"])
+    tokenizer, special = tasktype_helpers.trained("bpe", tmp_path / "tokenizer")
+    params = Params(corpora=None, tasks={"sts": task_cfg}, finetune=FinetuneConfig(tasks=["sts"]), impl=IMPL,
+                    distill=dataclasses.replace(DISTILL, tasks=["sts"], epochs=2))
+    task = TYPES["regression"].load("sts", task_cfg, tokenizer, special, dev_fraction=0.1, dev_max=100)
+    teacher = Classifier(backbone(n_layers=2, vocab_size=tokenizer.get_vocab_size(), max_positions=32),
+                         HeadConfig(1, "token", block=False, dropout=0.0))
+    saved_info = {**task.info, "mean": task.info["mean"] + 0.25}  # as if the teacher had learnt another scale
+    meta = {"task": "sts", "type": "regression", "info": saved_info, "label_names": [], "variant": "plain", "seed": 0,
+            "encoding": {"max_len": 24}}
+    save_classifier(teacher, tmp_path / "teacher", tmp_path / "tokenizer", meta)
+    teacher, info = load_classifier(tmp_path / "teacher")
+    result = stages.distill.distill_once("sts", task_cfg, teacher, info, tmp_path / "teacher", params,
+                                         torch.device("cpu"), tmp_path / "ckpt", "fp", tracking.StageRun(), Context())
+    assert result.transfer == {"labeled": len(task.train), "unlabeled": 0} and result.confusion is None
+    assert math.isfinite(result.student["dev"]["pearson"])
+    saved = json.loads((tmp_path / "ckpt" / "student" / "classifier.json").read_text())
+    assert saved["type"] == "regression" and saved["info"] == pytest.approx(saved_info)
+    student, _ = load_classifier(tmp_path / "ckpt" / "student")
+    assert student.backbone.cfg.n_layers == DISTILL.layers
+    assert stages.distill.summarise(result, ["pearson"], info)["metric"] == "pearson"
+
+    with pytest.raises(UserError, match=r"tasks.sts.type: regression, but the teacher .* was finetuned as "
+                                        r"classification"):
+        stages.distill.distill_once("sts", task_cfg, teacher, {**info, "type": "classification"}, tmp_path / "teacher",
+                                    params, torch.device("cpu"), tmp_path / "ckpt2", "fp", tracking.StageRun(),
+                                    Context())

@@ -242,6 +242,43 @@ def test_distill_on_two_processes_matches_one(tmp_path):
                 assert b[key] == pytest.approx(a[key], rel=1e-4), (strategy, key)
 
 
+@functools.cache
+def typed_teacher(task_type: str) -> torch.nn.Module:
+    """A teacher of test_distill's toy task of `task_type`, trained once per process (as toy_teacher)."""
+    task = test_distill.TYPE_TASKS[task_type][0]()
+    _, teacher = run_variant("from_scratch", task, [test_distill.TYPE_TASKS[task_type][1]],
+                             test_finetune.backbone(n_layers=4), test_finetune.CFG, test_finetune.IMPL,
+                             torch.device("cpu"), 0, test_finetune.PAD, Path(tempfile.mkdtemp()), "fp")
+    return teacher
+
+
+def distill_typed(context: distributed.Context, task_type: str, strategy: str, checkpoints: str, out: str) -> None:
+    """One rank of distilling a toy teacher of `task_type` with every loss term on; rank 0 writes the history."""
+    make, metric, _ = test_distill.TYPE_TASKS[task_type]
+    cfg = dataclasses.replace(test_distill.DISTILL, pkd_weight=1.0, hidden_layers="all", hidden_weight=0.5, epochs=2)
+    impl = dataclasses.replace(test_finetune.IMPL, strategy=strategy)
+    result, _ = distill_task(copy.deepcopy(typed_teacher(task_type)), make(), [], [metric], cfg, impl,
+                             torch.device("cpu"), 0, test_finetune.PAD, Path(checkpoints), "fp", context=context)
+    if context.main:
+        Path(out).write_text(json.dumps({"history": result.history, "student": result.student}))
+
+
+def test_distill_of_other_types_on_two_processes_matches_one(tmp_path):
+    """Tagging weighs each rank's soft and hard terms by its share of the batch's tagged words, and
+    multiple choice runs the state losses over every choice sequence: two processes give one's losses."""
+    cases = [(task_type, strategy) for task_type in ("tagging", "multiple_choice") for strategy in STRATEGIES]
+    for world in (1, 2):
+        on(world, *((distill_typed, (task_type, strategy, str(tmp_path / f"ckpt{world}{task_type}{strategy}"),
+                                     str(tmp_path / f"{world}{task_type}{strategy}.json")))
+                    for task_type, strategy in cases))
+    for task_type, strategy in cases:
+        one, two = (json.loads((tmp_path / f"{world}{task_type}{strategy}.json").read_text()) for world in (1, 2))
+        assert two["student"] == one["student"], (task_type, strategy)
+        for a, b in zip(one["history"], two["history"], strict=True):
+            for key in ("soft_loss", "hard_loss", "hidden_loss", "pkd_loss", "train_loss"):
+                assert b[key] == pytest.approx(a[key], rel=1e-4), (task_type, strategy, key)
+
+
 FINETUNE_CASES = [("ulmfit", "ddp", False), ("plain", "ddp", False), ("ulmfit", "fsdp", False),
                   ("frozen", "fsdp", False), ("plain", "fsdp", True)]  # variant, strategy, aux
 
