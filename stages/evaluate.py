@@ -33,8 +33,9 @@ from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
 from lib.config import Params, load_params, stage_params
-from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
+from lib.efficiency import onnx_latency, profile
 from lib.errors import UserError, run_main
+from lib.evaluation import evaluate_typed_task
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.metrics import compute_metrics, confusion_matrix
 from lib.raw import localize
@@ -82,11 +83,15 @@ def main() -> None:
             task_cfg = local.tasks[name]
             models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
                       if (folder / name).is_dir()}
-            results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
-                                          lm_tokenizer, special, params)
+            if task_cfg.type == "classification":
+                results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
+                                              lm_tokenizer, special, params)
+            else:  # scored as finetune scores the type (lib.evaluation); ONNX, zero-shot, pyfunc noted as not run
+                results[name] = evaluate_typed_task(name, task_cfg, models, finetuned.get(name), distilled.get(name),
+                                                    lm_tokenizer, special, params)
         provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
-        for name in results:
+        for name in (name for name, r in results.items() if "type" not in r):  # pyfunc: classification only
             for role, folder in (("teacher", args.teachers), ("student", args.students)):
                 if (folder / name).is_dir():
                     run.log_model(log_pyfunc, folder / name, f"{name}-{role}")
@@ -184,17 +189,8 @@ def tfidf_scores(baseline: dict) -> dict:
 
 def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     """Size, and speed on CPU (and on the GPU when there is one) at evaluate.latency_seq_len tokens."""
-    model = classifier.model
-    figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        timing = latency(model, cfg.latency_seq_len, device, repeats=cfg.latency_repeats)
-        figures[device] = {**timing, "throughput": throughput(model, cfg.latency_seq_len, device,
-                                                              batch_size=cfg.throughput_batch),
-                           "batch": cfg.throughput_batch, "seq_len": cfg.latency_seq_len,
-                           "threads": torch.get_num_threads() if device == "cpu" else None}
-    model.to("cpu")
-    return figures
+    return profile(classifier.model, folder, seq_len=cfg.latency_seq_len, repeats=cfg.latency_repeats,
+                   throughput_batch=cfg.throughput_batch)
 
 
 def describe_provenance(params_path: str | Path, params: Params, run: tracking.StageRun,
@@ -259,7 +255,7 @@ def onnx_efficiency(classifier: OnnxClassifier, size: int, cfg) -> dict:
 
 
 def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:
-    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names")}
+    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names", "scatter")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
         scores, speed = [], []
@@ -274,6 +270,10 @@ def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str]
                 write_csv(tmp / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
                           [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
                            for _ in range(n)])
+            for role, pairs in r.get("scatter", {}).items():  # regression: predicted vs gold
+                write_csv(tmp / "predicted_vs_gold" / f"{name}_{role}.csv", ["gold", "predicted"], pairs)
+            for role, f1 in r.get("per_type", {}).items():  # tagging: F1 per entity type
+                write_csv(tmp / "entity_f1" / f"{name}_{role}.csv", ["entity_type", "f1"], sorted(f1.items()))
         write_csv(tmp / "scores.csv", ["model", "score"], scores)
         write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
     with atomic_dir(args.report) as tmp:
