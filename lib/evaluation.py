@@ -62,7 +62,7 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     if "teacher" in loaded:
         result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
     if is_squad(name, task_cfg):
-        result["data"] = SQUAD_LABEL
+        result["data"] = {"label": SQUAD_LABEL, "note": SQUAD_NOTE}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)
     train, full_train = train_items(name, task_cfg, max_train=ft.train_limit(name), **selection)
     calibration: dict[str, dict] = {}
