@@ -168,7 +168,8 @@ def keep_extras(entry: dict, result: dict, model: str, extras: dict, first: bool
 
 def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:
     """Each finetune variant's evaluation scores, mean and std over seeds."""
-    return {variant: {k: v for m, s in summary.get("eval", {}).items() for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
+    return {variant: {k: v for m, s in summary.get("eval", {}).items()
+                      for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
             for variant, summary in finetuned["variants"].items()}
 
 

@@ -162,6 +162,12 @@ def row_label(model: str, split: dict[str, Any]) -> str:
     return f"{BASELINES[base]} (same {split['train_examples']:,} train as finetuning)"
 
 
+def task_title(task: str, r: dict[str, Any]) -> str:
+    """A task's name where a figure shows its scores, with what its data is where that matters (SQuAD:
+    the official dev set split by article)."""
+    return f"{task} ({r['data']['label']})" if r.get("data") else task
+
+
 def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
     return r["splits"][next(iter(r["splits"]))]["scores"]
 
@@ -199,10 +205,11 @@ def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
             panels.append(([row_label(m, r["splits"][split]) for m in scores],
                            [100 * s[metric] for s in scores.values()],
                            [100 * s.get(f"{metric}_std", 0.0) for s in scores.values()],
-                           task + (f" ({r['data']['label']})" if r.get("data") else ""), f"{metric} (%) on {split}"))
+                           task_title(task, r), f"{metric} (%) on {split}"))
         elif scores:
             model, score = next(iter(scores.items()))
-            single.append((f"{task}{' (' + r['data']['label'] + ')' if r.get('data') else ''}: {row_label(model, r['splits'][split])}", 100 * score[metric], f"{metric} on {split}"))
+            single.append((f"{task_title(task, r)}: {row_label(model, r['splits'][split])}", 100 * score[metric],
+                           f"{metric} on {split}"))
     if single:
         panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
                        [0.0] * len(single), "tasks with one model only", "score (%)"))
@@ -223,7 +230,7 @@ def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
     """Score against CPU latency (batch 1, p50) for the teacher and student of each task, both axes from
     zero; the legend names each point with its score and latency (labels beside points close in score
     would overlap)."""
-    points = [(task + (f" ({r['data']['label']})" if r.get("data") else ""), role, e["cpu"]["p50_ms"], 100 * _first_split_scores(r)[role][r["metric"]])
+    points = [(task_title(task, r), role, e["cpu"]["p50_ms"], 100 * _first_split_scores(r)[role][r["metric"]])
               for task, r in results.items() for role, e in r.get("efficiency", {}).items()
               if role in _first_split_scores(r)]
     if not points:
@@ -318,8 +325,8 @@ def scatter_figure(task: str, r: dict[str, Any], path: Path) -> Path:
         ax.set_ylim(low, high)
         ax.set_aspect("equal", adjustable="box")
         score = r["splits"][split]["scores"].get(model, {}).get(r["metric"])
-        ax.set_title(f"{task}: {ROLES.get(model, model)}" + (f", {r['metric']} {100 * score:.1f}" if score is not None else ""),
-                     fontsize=TITLE_SIZE)
+        shown = f", {r['metric']} {100 * score:.1f}" if score is not None else ""
+        ax.set_title(f"{task}: {ROLES.get(model, model)}{shown}", fontsize=TITLE_SIZE)
         ax.set_xlabel(f"gold ({split})", fontsize=LABEL_SIZE)
         ax.set_ylabel("predicted", fontsize=LABEL_SIZE)
         ax.tick_params(labelsize=LABEL_SIZE)

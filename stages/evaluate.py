@@ -14,6 +14,10 @@ of teacher, student and the TF-IDF baseline), and reports/ (summary.md, headed b
 digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to the
 MLflow parent run; the teacher and student are logged as MLflow pyfunc models.
 
+A task of another type (regression, tagging, span_qa, multiple_choice) is scored by lib.evaluation, as
+finetune scores it, beside finetune's variants and its type's train-only baseline, sized and timed; ONNX,
+zero-shot and pyfunc, classification-only, are noted as not run.
+
 ONNX (lib.onnx_export): teacher and student are exported in memory and timed in ONNX Runtime on CPU
 at batch 1, on torch's CPU threads, beside their PyTorch CPU latency; the student's graph with int8
 weights (ONNX Runtime's dynamic quantization), what a CPU deployment would run, is scored on every
