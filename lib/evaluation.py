@@ -34,7 +34,8 @@ BASELINES = {"regression": "tfidf_similarity", "tagging": "lexicon", "span_qa": 
 CLASSIFICATION_ONLY = ("ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are "
                        "classification-only so far: none of them was run for this {type} task.")
 SQUAD_LABEL = "SQuAD dev, article split"
-SQUAD_NOTE = ("Data: our SQuAD copies are the official dev set split by article (../shared/data/squad/PROVENANCE.md): "
+SQUAD_NOTE = ("Data: our SQuAD copies are the official dev set split by article (../shared/data/squad/PROVENANCE.md, "
+              "squad_v2/ likewise): "
               "every score of this task is on part of the official dev set (\"SQuAD dev, article split\"), "
               "never comparable with the official leaderboard.")
 TIMED = {"regression": "one sentence pair of {seq_len} tokens per call",
@@ -112,10 +113,10 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     print(f"{name}: {notes[-1]}", flush=True)
     result["note"] = " ".join(notes)
     cfg = params.evaluate
-    n_choices = loaded["teacher" if "teacher" in loaded else next(iter(loaded))][1]["info"].get("n_choices", 1) \
-        if loaded else 1
-    result["timed"] = TIMED[task_cfg.type].format(seq_len=cfg.latency_seq_len, n=n_choices)
-    print(f"{name}: timing {', '.join(loaded)} ({result['timed']})", flush=True)
+    n_choices = task.info.get("n_choices", 1)  # the last split's task: the same train, so the same info
+    if loaded:
+        result["timed"] = TIMED[task_cfg.type].format(seq_len=cfg.latency_seq_len, n=n_choices)
+        print(f"{name}: timing {', '.join(loaded)}: {result['timed']}", flush=True)
     result["efficiency"] = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
                                           repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
                                           latency_batch=n_choices if task_cfg.type == "multiple_choice" else 1)
