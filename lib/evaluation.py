@@ -17,9 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from lib import runtime
 from lib.classifier import load_classifier
-from lib.config import Params, TaskConfig
+from lib.config import DEFAULT_METRICS, Params, TaskConfig
 from lib.efficiency import profile
 from lib.errors import UserError
 from lib.finetune import predict_all, score_split
@@ -54,7 +56,8 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     """evaluate's result for a task of a type other than classification, in its layout (splits -> scores
     -> model -> metric, efficiency, teacher, notes), with `scatter` (regression) and `per_type` (tagging)
     for the report's figures."""
-    kind, ft, metrics = TYPES[task_cfg.type], params.finetune, task_cfg.metrics
+    kind, ft = TYPES[task_cfg.type], params.finetune
+    metrics = task_cfg.metrics or list(DEFAULT_METRICS[task_cfg.type])  # None until TaskConfig.validate
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")
     loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
@@ -79,19 +82,13 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
         entry: dict[str, Any] = {"examples": len(task.references["eval"]), "train_examples": len(train),
                                  "full_train_examples": len(full_train), "scores": {}}
         for role, (model, info) in loaded.items():
-            scored = as_saved(task, info, f"{models[role]}")
             print(f"{name} {split}: scoring the {role} on {entry['examples']} examples ({device.type})", flush=True)
-            if role not in calibration:
+            scored = as_saved(task, info, f"{models[role]}")
+            if role not in calibration:  # from dev, the same for every split
                 calibration[role] = score_split(model, scored, "dev", metrics, ft.batch_size, special["pad"], device,
                                                 impl)[1]
-            # score_split on "eval", keeping the predictions for the regression scatter plot
-            predicted = predict_all(model, scored, scored.eval, ft.batch_size, special["pad"], device, impl)
-            values, extras = kind.score(scored, "eval", predicted, metrics, calibration[role])
-            entry["scores"][role] = values
-            keep_extras(entry, result, role, extras, first)
-            if first and task.type == "regression":
-                result.setdefault("scatter", {})[role] = [[item.value, value] for item, value
-                                                          in zip(scored.references["eval"], predicted)]
+            score_model(entry, result, role, model, scored, metrics, calibration[role], ft.batch_size, special["pad"],
+                        device, impl, first)
         if first and finetuned:
             entry["scores"].update(variant_means(finetuned))
         baseline = BASELINES[task.type]
@@ -128,6 +125,20 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
         result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
                              / result["efficiency"]["student"]["cpu"]["p50_ms"])
     return result
+
+
+def score_model(entry: dict, result: dict, role: str, model, task: TaskData, metrics: list[str],
+                calibration: dict[str, Any], batch_size: int, pad_id: int, device: torch.device, impl,
+                first: bool) -> None:
+    """The model's scores on task.eval into entry["scores"][role], its extras beside them: what
+    lib.finetune.score_split does, keeping the predictions for the regression scatter (first split)."""
+    predicted = predict_all(model, task, task.eval, batch_size, pad_id, device, impl)
+    values, extras = TYPES[task.type].score(task, "eval", predicted, metrics, calibration)
+    entry["scores"][role] = values
+    keep_extras(entry, result, role, extras, first)
+    if first and task.type == "regression":
+        result.setdefault("scatter", {})[role] = [[item.value, value] for item, value
+                                                  in zip(task.references["eval"], predicted)]
 
 
 def train_items(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int,
