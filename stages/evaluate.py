@@ -95,10 +95,15 @@ def main() -> None:
                                                     lm_tokenizer, special, params)
         provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
-        for name in (name for name, r in results.items() if "type" not in r):  # pyfunc: classification only
-            for role, folder in (("teacher", args.teachers), ("student", args.students)):
-                if (folder / name).is_dir():
-                    run.log_model(log_pyfunc, folder / name, f"{name}-{role}")
+        for folder, artifact in pyfunc_models(results, args.teachers, args.students):
+            run.log_model(log_pyfunc, folder, artifact)
+
+
+def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str]]:
+    """(folder, artifact name) of each teacher and student logged as an MLflow pyfunc model: those of the
+    classification tasks, which lib.predict serves (the other types' results have a `type` and say so)."""
+    return [(folder / name, f"{name}-{role}") for name, r in results.items() if "type" not in r
+            for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 
 
 def read_json(path: Path) -> dict:

@@ -258,3 +258,11 @@ def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path
         train, full = train_items("toy", task_cfg, dev_fraction=0.25, dev_max=100, max_train=limit)
         assert len(train) == len(task.train) and len(full) == 40 - len(task.references["dev"])
         assert not {tuple(s.words) for s in train} & {tuple(s.words) for s in task.references["dev"]}
+
+
+def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
+    for folder in ("finetune/imdb", "distill/imdb", "finetune/stsb", "distill/stsb"):
+        (tmp_path / folder).mkdir(parents=True)
+    results = {"imdb": {"metric": "accuracy"}, "stsb": {"type": "regression", "note": "... classification-only ..."}}
+    assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
+        (tmp_path / "finetune/imdb", "imdb-teacher"), (tmp_path / "distill/imdb", "imdb-student")]
