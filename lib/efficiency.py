@@ -69,6 +69,24 @@ def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, b
     return batch_size * len(times) / sum(times)
 
 
+def profile(model: Classifier, folder: str | Path, *, seq_len: int, repeats: int, throughput_batch: int,
+            latency_batch: int = 1) -> dict:
+    """Size (parameters, bytes of `folder`'s weights) and speed on CPU, and on the GPU when there is one:
+    latency of a call of `latency_batch` sequences (1: one request; a multiple-choice question is one
+    call over its choices) and throughput in sequences/s over batches of `throughput_batch`, all of
+    `seq_len` tokens. The model is left on the CPU."""
+    figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        timing = latency(model, seq_len, device, batch_size=latency_batch, repeats=repeats)
+        figures[device] = {**timing, "throughput": throughput(model, seq_len, device, batch_size=throughput_batch),
+                           "batch": throughput_batch, "seq_len": seq_len,
+                           "threads": torch.get_num_threads() if device == "cpu" else None,
+                           **({"latency_batch": latency_batch} if latency_batch != 1 else {})}
+    model.to("cpu")
+    return figures
+
+
 def _milliseconds(times: list[float]) -> dict[str, float]:
     ms = np.array(times) * 1000
     return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),

@@ -14,6 +14,10 @@ of teacher, student and the TF-IDF baseline), and reports/ (summary.md, headed b
 digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to the
 MLflow parent run; the teacher and student are logged as MLflow pyfunc models.
 
+A task of another type (regression, tagging, span_qa, multiple_choice) is scored by lib.evaluation, as
+finetune scores it, beside finetune's variants and its type's train-only baseline, sized and timed; ONNX,
+zero-shot and pyfunc, classification-only, are noted as not run.
+
 ONNX (lib.onnx_export): teacher and student are exported in memory and timed in ONNX Runtime on CPU
 at batch 1, on torch's CPU threads, beside their PyTorch CPU latency; the student's graph with int8
 weights (ONNX Runtime's dynamic quantization), what a CPU deployment would run, is scored on every
@@ -32,9 +36,10 @@ import torch
 from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
-from lib.config import Params, load_params, stage_params
-from lib.efficiency import latency, onnx_latency, parameter_count, size_on_disk, throughput
+from lib.config import DEFAULT_METRICS, Params, load_params, stage_params
+from lib.efficiency import onnx_latency, profile
 from lib.errors import UserError, run_main
+from lib.evaluation import evaluate_typed_task
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.metrics import compute_metrics, confusion_matrix
 from lib.raw import localize
@@ -82,14 +87,23 @@ def main() -> None:
             task_cfg = local.tasks[name]
             models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
                       if (folder / name).is_dir()}
-            results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
-                                          lm_tokenizer, special, params)
+            if task_cfg.type == "classification":
+                results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
+                                              lm_tokenizer, special, params)
+            else:  # scored as finetune scores the type (lib.evaluation); ONNX, zero-shot, pyfunc noted as not run
+                results[name] = evaluate_typed_task(name, task_cfg, models, finetuned.get(name), distilled.get(name),
+                                                    lm_tokenizer, special, params)
         provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
-        for name in results:
-            for role, folder in (("teacher", args.teachers), ("student", args.students)):
-                if (folder / name).is_dir():
-                    run.log_model(log_pyfunc, folder / name, f"{name}-{role}")
+        for folder, artifact in pyfunc_models(results, args.teachers, args.students):
+            run.log_model(log_pyfunc, folder, artifact)
+
+
+def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str]]:
+    """(folder, artifact name) of each teacher and student logged as an MLflow pyfunc model: those of the
+    classification tasks, which lib.predict serves (the other types' results have a `type` and say so)."""
+    return [(folder / name, f"{name}-{role}") for name, r in results.items() if "type" not in r
+            for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 
 
 def read_json(path: Path) -> dict:
@@ -101,7 +115,7 @@ def read_json(path: Path) -> dict:
 
 def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer, special, params) -> dict:
     cfg, ft = params.evaluate, params.finetune
-    metric_names = task_cfg.metrics
+    metric_names = task_cfg.metrics or list(DEFAULT_METRICS[task_cfg.type])  # None until TaskConfig.validate
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.eval_limit(name))
     # scored where the stage runs (bf16 on a GPU, as finetune scored them); timed on CPU and GPU below
     classifiers = {role: TextClassifier.load(folder, device=params.device) for role, folder in models.items()}
@@ -184,17 +198,8 @@ def tfidf_scores(baseline: dict) -> dict:
 
 def efficiency(classifier: TextClassifier, folder: Path, cfg) -> dict:
     """Size, and speed on CPU (and on the GPU when there is one) at evaluate.latency_seq_len tokens."""
-    model = classifier.model
-    figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        timing = latency(model, cfg.latency_seq_len, device, repeats=cfg.latency_repeats)
-        figures[device] = {**timing, "throughput": throughput(model, cfg.latency_seq_len, device,
-                                                              batch_size=cfg.throughput_batch),
-                           "batch": cfg.throughput_batch, "seq_len": cfg.latency_seq_len,
-                           "threads": torch.get_num_threads() if device == "cpu" else None}
-    model.to("cpu")
-    return figures
+    return profile(classifier.model, folder, seq_len=cfg.latency_seq_len, repeats=cfg.latency_repeats,
+                   throughput_batch=cfg.throughput_batch)
 
 
 def describe_provenance(params_path: str | Path, params: Params, run: tracking.StageRun,
@@ -259,7 +264,7 @@ def onnx_efficiency(classifier: OnnxClassifier, size: int, cfg) -> dict:
 
 
 def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:
-    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names")}
+    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names", "scatter")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
         scores, speed = [], []
@@ -274,6 +279,10 @@ def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str]
                 write_csv(tmp / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
                           [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
                            for _ in range(n)])
+            for role, pairs in r.get("scatter", {}).items():  # regression: predicted vs gold
+                write_csv(tmp / "predicted_vs_gold" / f"{name}_{role}.csv", ["gold", "predicted"], pairs)
+            for role, f1 in r.get("per_type", {}).items():  # tagging: F1 per entity type
+                write_csv(tmp / "entity_f1" / f"{name}_{role}.csv", ["entity_type", "f1"], sorted(f1.items()))
         write_csv(tmp / "scores.csv", ["model", "score"], scores)
         write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
     with atomic_dir(args.report) as tmp:

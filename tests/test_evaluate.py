@@ -113,3 +113,156 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
         assert figures["cpu"]["threads"] == torch.get_num_threads() == result["efficiency"]["student"]["cpu"]["threads"]
         assert figures["cpu"]["seq_len"] == 12 and 0 < figures["cpu"]["p50_ms"] <= figures["cpu"]["p95_ms"]
     assert result["onnx"]["student_int8"]["disk_bytes"] < result["onnx"]["student"]["disk_bytes"]
+
+
+# The other task types (lib.evaluation): a tiny task of each, a tiny teacher and student saved as finetune
+# and distill save them, scored through the stage's evaluate path.
+NAMES = ["Rollo", "Paris", "Normandy", "William", "England", "Frankish"]
+TAGS = {"Rollo": "PER", "William": "PER", "Paris": "LOC", "Normandy": "LOC", "England": "LOC", "Frankish": "MISC"}
+
+
+def typed_rows(task_type: str, i: int) -> dict:
+    """Row i of a tiny task of `task_type` (fields as TYPED_FIELDS name them)."""
+    name, other = NAMES[i % len(NAMES)], NAMES[(i * 5 + 1) % len(NAMES)]
+    if task_type == "regression":
+        return {"sentence1": f"{name} ruled the city", "sentence2": f"{other} ruled the duchy in {i}", "label": i % 6}
+    if task_type == "tagging":
+        words = [name, "ruled", "the", "city", "of", other, str(i)]
+        return {"tokens": words, "ner_tags": [f"B-{TAGS[w]}" if w in TAGS else "O" for w in words]}
+    if task_type == "span_qa":
+        context = f"{name} founded the duchy in {900 + i}. {other} ruled it."
+        answerable = i % 3 != 0
+        question = f"When did {name} found the duchy?" if answerable else f"Why did {name} leave {i}?"
+        answers = {"text": [str(900 + i)], "answer_start": [context.index(str(900 + i))]} if answerable else \
+            {"text": [], "answer_start": []}
+        return {"id": f"q{i}", "question": question, "context": context, "answers": answers}
+    return {"startphrase": f"{name} founded the duchy", "endings": [f"and {other} ruled {k}" for k in range(3)],
+            "label": i % 3}
+
+
+TYPED_FIELDS = {"regression": dict(text_field="sentence1", text_pair_field="sentence2"),
+                "tagging": dict(text_field="tokens", label_field="ner_tags"),
+                "span_qa": dict(text_field="question", text_pair_field="context", label_field="answers", stride=8,
+                                max_question_len=12),
+                "multiple_choice": dict(text_field="startphrase", text_pair_field="endings")}
+
+
+def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
+    """(the task's config, params, {role: model folder}) of a 40-row task with a 12-row validation
+    split and an unlabeled test split, a tiny teacher and student saved with the task's type and info."""
+    import torch
+
+    from lib.classifier import Classifier, save_classifier
+    from lib.finetune import setup
+    from lib.model import Transformer, TransformerConfig
+    from lib.tasktypes import TYPES
+    from lib.tokenizer import load_tokenizer, saved_special_ids
+    from tests.helpers import tiny_tokenizer
+
+    folder = tmp_path / task_type
+    for split, rows in (("train", range(40)), ("validation", range(40, 52))):
+        write_jsonl_gz(folder / f"{split}.jsonl.gz", [typed_rows(task_type, i) for i in rows])
+    task_cfg = TaskConfig(source=str(folder), type=task_type, max_len=32, **TYPED_FIELDS[task_type])
+    task_cfg.validate("tasks.toy")
+    params = Params(corpora=None, tasks={"toy": task_cfg}, device="cpu",
+                    finetune=FinetuneConfig(tasks=["toy"], dev_fraction=0.25, max_train_examples=20, batch_size=8),
+                    evaluate=EvaluateConfig(tfidf_c=[1.0], latency_seq_len=12, latency_repeats=3, throughput_batch=2))
+    tokenizer_dir = tiny_tokenizer(tmp_path / "tok")
+    kind = TYPES[task_type]
+    task = kind.load("toy", task_cfg, load_tokenizer(tokenizer_dir), saved_special_ids(tokenizer_dir),
+                     dev_fraction=0.25, dev_max=100, max_train=20)
+    models = {}
+    for role, layers in (("teacher", 2), ("student", 1)):
+        torch.manual_seed(layers)
+        backbone = Transformer(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
+                                                 n_layers=layers, n_heads=2, d_ff=64, dropout=0.0, max_positions=64))
+        model: Classifier = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]), task_type).model
+        meta = {"task": "toy", "type": task_type, "info": task.info, "label_names": task.label_names,
+                "variant": "plain", "seed": 1, "encoding": {"max_len": 32, "truncation": "head",
+                                                            "text_field": task_cfg.text_field,
+                                                            "text_pair_field": task_cfg.text_pair_field}}
+        save_classifier(model, tmp_path / role, tokenizer_dir, meta)
+        models[role] = tmp_path / role
+    return task_cfg, params, models
+
+
+FINETUNED = {"variants": {"plain": {"eval": {"pearson": {"mean": 0.5, "std": 0.1}, "spearman": {"mean": 0.4, "std": 0.0},
+                                             "f1": {"mean": 0.3, "std": 0.1}, "exact_match": {"mean": 0.2, "std": 0.0},
+                                             "accuracy": {"mean": 0.4, "std": 0.0}}}}}
+
+
+@pytest.mark.parametrize("task_type", ["regression", "tagging", "span_qa", "multiple_choice"])
+def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(task_type, tmp_path, monkeypatch):
+    """Teacher, student, the finetune variants' means and the type's baseline (on finetune's 20 train
+    examples and on all of train) on the labeled split, in each type's metric names; the unlabeled split
+    and what is classification-only are said, not skipped; figures' data and the report follow."""
+    from lib.config import TYPE_METRICS
+    from lib.evaluation import BASELINES
+    from lib.tokenizer import load_tokenizer, saved_special_ids
+
+    task_cfg, params, models = typed_task(task_type, tmp_path)
+    write_jsonl_gz(tmp_path / task_type / "test.jsonl.gz", [{"text": "no labels"}])
+    task_cfg.eval_splits = ["validation", "test"]
+    finetuned = {"variants": {"plain": {"eval": {m: s for m, s in FINETUNED["variants"]["plain"]["eval"].items()
+                                                 if m in task_cfg.metrics}}}}
+    result = stages.evaluate.evaluate_typed_task("toy", task_cfg, models, finetuned, {"toy": {}},
+                                                 load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"]),
+                                                 params)
+    assert list(result["splits"]) == ["validation"] and result["type"] == task_type
+    split = result["splits"]["validation"]
+    baseline = BASELINES[task_type]
+    assert list(split["scores"]) == ["teacher", "student", "plain", baseline, f"{baseline}_full_train"]
+    assert split["train_examples"] == 20 < split["full_train_examples"] and split["examples"] == 12
+    for model in ("teacher", "student", baseline):
+        assert set(split["scores"][model]) == set(task_cfg.metrics) <= set(TYPE_METRICS[task_type])
+    assert split["scores"]["plain"][task_cfg.metrics[0]] == finetuned["variants"]["plain"]["eval"][task_cfg.metrics[0]]["mean"]
+    assert "test has no labels" in result["note"] and "classification-only" in result["note"]
+    assert set(result["efficiency"]) == {"teacher", "student"} and result["speedup"] > 0
+    cpu = result["efficiency"]["student"]["cpu"]
+    assert cpu["seq_len"] == 12 and 0 < cpu["p50_ms"] <= cpu["p95_ms"]
+    if task_type == "multiple_choice":
+        assert cpu["latency_batch"] == 3 and "3 (context, ending) sequences" in result["timed"]
+    if task_type == "span_qa":  # SQuAD 2.0-like: no-answer threshold from dev, HasAns / NoAns beside overall
+        assert set(split["threshold"]) >= {"teacher", "student"}
+        assert {"has_answer_f1", "no_answer_f1", "f1"} <= set(split["breakdown"]["teacher"])
+    if task_type == "tagging":
+        assert set(result["per_type"]) == {"teacher", "student", baseline}
+        assert set(result["per_type"][baseline]) >= {"PER", "LOC"}
+    if task_type == "regression":
+        assert len(result["scatter"]["teacher"]) == 12 and result["scatter"]["teacher"][0][0] == 40 % 6
+
+    args = SimpleNamespace(metrics=tmp_path / "evaluate.json", plots=tmp_path / "plots", report=tmp_path / "reports")
+    stages.evaluate.write_outputs({"toy": result}, [], {}, args, tracking.StageRun())
+    written = json.loads(args.metrics.read_text())["toy"]
+    assert written["splits"]["validation"]["scores"]["teacher"].keys() == set(task_cfg.metrics)
+    assert "scatter" not in written
+    plots = {str(p.relative_to(args.plots)) for p in args.plots.rglob("*.csv")}
+    extra = {"regression": {"predicted_vs_gold/toy_teacher.csv", "predicted_vs_gold/toy_student.csv"},
+             "tagging": {f"entity_f1/toy_{m}.csv" for m in ("teacher", "student", baseline)}}
+    assert plots == {"scores.csv", "speed.csv", *extra.get(task_type, ())}
+    summary = (args.report / "summary.md").read_text(encoding="utf-8")
+    assert "classification-only" in summary and "## toy" in summary
+
+
+def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path):
+    """train_items selects as the type's load does: the same number of train items, none of dev's, and
+    all of train but dev when finetuning takes all of it."""
+    from lib.evaluation import train_items
+    from lib.tasktypes import TYPES
+    from lib.tokenizer import load_tokenizer, saved_special_ids
+
+    task_cfg, _, models = typed_task("tagging", tmp_path)
+    tokenizer, special = load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"])
+    for limit in (20, None):
+        task = TYPES["tagging"].load("toy", task_cfg, tokenizer, special, dev_fraction=0.25, dev_max=100, max_train=limit)
+        train, full = train_items("toy", task_cfg, dev_fraction=0.25, dev_max=100, max_train=limit)
+        assert len(train) == len(task.train) and len(full) == 40 - len(task.references["dev"])
+        assert not {tuple(s.words) for s in train} & {tuple(s.words) for s in task.references["dev"]}
+
+
+def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
+    for folder in ("finetune/imdb", "distill/imdb", "finetune/stsb", "distill/stsb"):
+        (tmp_path / folder).mkdir(parents=True)
+    results = {"imdb": {"metric": "accuracy"}, "stsb": {"type": "regression", "note": "... classification-only ..."}}
+    assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
+        (tmp_path / "finetune/imdb", "imdb-teacher"), (tmp_path / "distill/imdb", "imdb-student")]

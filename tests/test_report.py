@@ -117,3 +117,61 @@ def test_confusion_panels_share_one_colour_scale_from_zero(tmp_path, monkeypatch
     confusion_figure("imdb", RESULTS["imdb"], tmp_path / "c.png")
     assert [ax.images[0].get_clim() for ax in figures[0].axes] == [(0, 44), (0, 44)]
     assert figures[0].axes[0].get_title() == "imdb: teacher (best finetuned)"
+
+
+SPLIT = {"examples": 12, "train_examples": 20, "full_train_examples": 30}
+TYPED = {
+    "squad_v2": {
+        "type": "span_qa", "metric": "f1", "metrics": ["f1", "exact_match"],
+        "data": {"label": "SQuAD dev, article split", "note": "Data: our SQuAD copies are the official dev set split by article."},
+        "splits": {"validation": {**SPLIT, "scores": {
+            "teacher": {"f1": 0.6, "exact_match": 0.5}, "overlap_qa": {"f1": 0.5, "exact_match": 0.5}},
+            "threshold": {"teacher": 0.25, "overlap_qa": "-inf"},
+            "breakdown": {"teacher": {"has_answer_exact_match": 0.4, "has_answer_f1": 0.55, "no_answer_exact_match": 0.6,
+                                      "no_answer_f1": 0.6, "exact_match": 0.5, "f1": 0.6},
+                          "overlap_qa": {"has_answer_exact_match": 0.0, "has_answer_f1": 0.0, "no_answer_exact_match": 1.0,
+                                         "no_answer_f1": 1.0, "exact_match": 0.5, "f1": 0.5}}}},
+        "confusion": {}, "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU}},
+        "timed": "one window of 128 tokens per call (a longer context takes several)"},
+    "conll": {
+        "type": "tagging", "metric": "f1", "metrics": ["f1"],
+        "splits": {"test": {**SPLIT, "scores": {"teacher": {"f1": 0.7}, "lexicon": {"f1": 0.6},
+                                                 "lexicon_full_train": {"f1": 0.65}}}},
+        "per_type": {"teacher": {"PER": 0.8, "LOC": 0.7}, "lexicon": {"PER": 0.5, "LOC": 0.6, "MISC": 0.1}},
+        "confusion": {}, "efficiency": {}},
+    "stsb": {
+        "type": "regression", "metric": "pearson", "metrics": ["pearson", "spearman"],
+        "splits": {"validation": {**SPLIT, "scores": {"teacher": {"pearson": 0.8, "spearman": 0.79},
+                                                       "tfidf_similarity": {"pearson": 0.6, "spearman": 0.58}}}},
+        "scatter": {"teacher": [[0.0, 0.5], [2.5, 2.0], [5.0, 4.2]]}, "confusion": {}, "efficiency": {}},
+}
+
+
+def test_each_task_type_has_its_table_and_squad_says_its_data_is_the_dev_set_split_by_article():
+    text = markdown(TYPED, [])
+    assert "**Data: our SQuAD copies are the official dev set split by article.**" in text
+    assert "| model | validation f1 | validation exact_match |" in text
+    assert "| teacher (best finetuned) | validation | 40.0 / 55.0 | 60.0 / 60.0 | 50.0 / 60.0 | 0.250 |" in text
+    assert ("| word-overlap QA (same 20 train as finetuning) | validation | 0.0 / 0.0 | 100.0 / 100.0 "
+            "| 50.0 / 50.0 | −∞ (answers no question) |") in text
+    assert "| lexicon tagger (all 30 train) | 65.0 |" in text
+    assert "| TF-IDF cosine (same 20 train as finetuning) | 60.0 | 58.0 |" in text
+    assert "CPU threads: one window of 128 tokens per call" in text
+    assert "| teacher (best finetuned) | 1,000 | 4.0 MB | 10.0 / 12.5 | 150 |\n" in text  # no ONNX column
+    assert "| CPU p50 / p95 ms (per call) |" in text
+
+
+def test_typed_figures_entity_f1_bars_and_predicted_vs_gold(tmp_path, monkeypatch):
+    figures = drawn_figures(monkeypatch)
+    written = {p.name for p in write_report(TYPED, tmp_path)}
+    assert written == {"summary.md", "scores.png", "speed.png", "entity_f1_conll.png", "predicted_vs_gold_stsb.png"}
+    titles = [ax.get_title(loc="left") for fig in figures for ax in fig.axes]
+    assert "squad_v2 (SQuAD dev, article split)" in titles and "conll: F1 per entity type" in titles
+    entity = next(fig for fig in figures if any(ax.get_title(loc="left") == "conll: F1 per entity type" for ax in fig.axes))
+    assert [t.get_text() for t in entity.axes[0].get_yticklabels()] == ["LOC", "MISC", "PER"]
+    assert len(entity.axes[0].patches) == 6  # 3 entity types x 2 models
+    scatter = next(fig for fig in figures if fig.axes[0].get_title().startswith("stsb"))
+    assert scatter.axes[0].get_title() == "stsb: teacher (best finetuned), pearson 80.0"
+    assert scatter.axes[0].get_xlim() == scatter.axes[0].get_ylim() == (-0.15, 5.15)  # 0 to 5, 3% margins
+    legend = [t.get_text() for fig in figures for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert "squad_v2 (SQuAD dev, article split) teacher: 60.0, 10.0 ms" in legend
