@@ -103,6 +103,10 @@ class TaskConfig:
     max_question_len: int = 64  # span_qa: question tokens kept
     max_answer_len: int = 30  # span_qa: the longest answer, in tokens, decoding may pick
 
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = list(DEFAULT_METRICS.get(self.type, ["accuracy"]))  # an unknown type fails in validate
+
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
         if not self.eval_splits:
@@ -110,8 +114,6 @@ class TaskConfig:
         if self.train_split in self.eval_splits:
             raise ParamsError(f"{key}.train_split: '{self.train_split}' is also in {key}.eval_splits")
         known = TYPE_METRICS[self.type]
-        if self.metrics is None:
-            self.metrics = list(DEFAULT_METRICS[self.type])
         if not self.metrics:
             raise ParamsError(f"{key}.metrics: empty; name at least one of {', '.join(known)}")
         unknown = [m for m in self.metrics if m not in known]

@@ -21,12 +21,12 @@ import torch
 
 from lib import runtime
 from lib.classifier import load_classifier
-from lib.config import DEFAULT_METRICS, Params, TaskConfig
+from lib.config import Params, TaskConfig
 from lib.efficiency import profile
 from lib.errors import UserError
 from lib.finetune import predict_all, score_split
 from lib.metrics import choice_accuracy, entity_scores, pearson, spearman, squad_scores
-from lib.tasks import TaskData, hashed_split, text_hash
+from lib.tasks import TaskData
 from lib.tasktypes import TYPES
 from lib.tasktypes.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity
 from lib.tasktypes.span_qa import golds
@@ -57,7 +57,7 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     -> model -> metric, efficiency, teacher, notes), with `scatter` (regression) and `per_type` (tagging)
     for the report's figures."""
     kind, ft = TYPES[task_cfg.type], params.finetune
-    metrics = task_cfg.metrics or list(DEFAULT_METRICS[task_cfg.type])  # None until TaskConfig.validate
+    metrics = task_cfg.metrics
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")
     loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
@@ -144,17 +144,11 @@ def score_model(entry: dict, result: dict, role: str, model, task: TaskData, met
 def train_items(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int,
                 max_train: int | None) -> tuple[list, list]:
     """(the train items finetune trains on, all of train but the dev carve), as the type's `load` selects
-    them: the baselines learn from the raw items, which TaskData keeps only for dev and eval."""
+    them, without encoding them: the baselines learn from the raw items."""
     kind, key = TYPES[cfg.type], f"tasks.{name}"
     items, _ = kind.read(cfg, cfg.train_split, key, None)
-    hashes = [text_hash(kind.hash_text(item)) for item in items]
-    ties = [text_hash(repr(item)) for item in items]
-
-    def selected(limit: int | None) -> list:
-        ids, _ = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit)
-        return [items[i] for i in ids]
-
-    return selected(max_train), selected(None)
+    return tuple(kind.split_train(items, key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit)[0]
+                 for limit in (max_train, None))
 
 
 def as_saved(task: TaskData, info: dict[str, Any], where: str) -> TaskData:

@@ -113,8 +113,8 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
                              "(intra_op_num_threads) as PyTorch, so the two latency columns compare; it runs fp32. The int8 "
                              "student is the student's ONNX graph with int8 weights (ONNX Runtime's dynamic "
                              "quantization); its size is the ONNX file's.")
-            if "gpu" in next(iter(efficiency.values())):
-                lines.append("GPU: " + "; ".join(f"{role} p50 {e['gpu']['p50_ms']:.2f} ms, {e['gpu']['throughput']:.0f}"
+            if "cuda" in next(iter(efficiency.values())):
+                lines.append("GPU: " + "; ".join(f"{role} p50 {e['cuda']['p50_ms']:.2f} ms, {e['cuda']['throughput']:.0f}"
                                                  " sequences/s" for role, e in efficiency.items()))
             lines.append("")
         if r.get("retained") is not None:

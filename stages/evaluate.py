@@ -36,7 +36,7 @@ import torch
 from lib import runtime, tracking
 from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
 from lib.classifier import META_FILE
-from lib.config import DEFAULT_METRICS, Params, load_params, stage_params
+from lib.config import Params, load_params, stage_params
 from lib.efficiency import onnx_latency, profile
 from lib.errors import UserError, run_main
 from lib.evaluation import evaluate_typed_task
@@ -115,7 +115,7 @@ def read_json(path: Path) -> dict:
 
 def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer, special, params) -> dict:
     cfg, ft = params.evaluate, params.finetune
-    metric_names = task_cfg.metrics or list(DEFAULT_METRICS[task_cfg.type])  # None until TaskConfig.validate
+    metric_names = task_cfg.metrics
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, max_eval=ft.eval_limit(name))
     # scored where the stage runs (bf16 on a GPU, as finetune scored them); timed on CPU and GPU below
     classifiers = {role: TextClassifier.load(folder, device=params.device) for role, folder in models.items()}

@@ -42,6 +42,14 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
     assert "`plain` (seed 1338)" in text and "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
 
 
+def test_gpu_timings_are_shown_where_evaluate_measured_them():
+    gpu = {**CPU, "p50_ms": 1.25, "throughput": 4000.0, "threads": None}
+    efficiency = {role: {**e, "cuda": gpu} for role, e in RESULTS["imdb"]["efficiency"].items()}
+    text = markdown({"imdb": {**RESULTS["imdb"], "efficiency": efficiency}}, [])
+    assert "GPU: teacher p50 1.25 ms, 4000 sequences/s; student p50 1.25 ms" in text
+    assert "GPU:" not in markdown(RESULTS, [])
+
+
 def test_write_report_writes_summary_and_figures(tmp_path):
     written = write_report(RESULTS, tmp_path)
     names = {p.name for p in written}

@@ -52,11 +52,8 @@ class TaskType:
         if labeled and not eval_items and not self.unlabeled(eval_skipped):
             raise UserError(f"{key}: split '{eval_split}' has no usable row (skipped: {eval_skipped})")
         label_names, info = self.prepare(cfg, train_items, key)
-        hashes = [text_hash(self.hash_text(item)) for item in train_items]
-        ties = [text_hash(repr(item)) for item in train_items]
-        train_ids, dev_ids = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max,
-                                          max_train=max_train)
-        train, dev = [train_items[i] for i in train_ids], [train_items[i] for i in dev_ids]
+        train, dev = self.split_train(train_items, key, dev_fraction=dev_fraction, dev_max=dev_max,
+                                      max_train=max_train)
         if eval_items:
             kept = hashed_subset([text_hash(self.hash_text(item)) for item in eval_items],
                                  [text_hash(repr(item)) for item in eval_items], max_eval)
@@ -72,6 +69,16 @@ class TaskType:
                      **{f"eval.{k}": v for k, v in eval_skipped.items()}},
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
             type=self.name, info=info, references={"train": train, "dev": dev, "eval": eval_items})
+
+    def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
+                    max_train: int | None) -> tuple[list, list]:
+        """(train items, dev items) of the train split's items: dev hashed out by `hash_text`, at most
+        max_train of the rest (lib.tasks.hashed_split)."""
+        hashes = [text_hash(self.hash_text(item)) for item in items]
+        ties = [text_hash(repr(item)) for item in items]
+        train_ids, dev_ids = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max,
+                                          max_train=max_train)
+        return [items[i] for i in train_ids], [items[i] for i in dev_ids]
 
     def unlabeled(self, skipped: dict[str, int]) -> bool:
         """Whether an evaluation split that gave no items is an unlabeled one (GLUE's -1 or null labels),
