@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -25,7 +25,7 @@ from lib.config import Params, TaskConfig
 from lib.efficiency import profile
 from lib.errors import UserError
 from lib.finetune import predict_all, score_split
-from lib.metrics import choice_accuracy, entity_scores, pearson, spearman, squad_scores
+from lib.metrics import squad_scores
 from lib.tasks import TaskData
 from lib.tasktypes import TYPES
 from lib.tasktypes.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity
@@ -79,6 +79,8 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
             unlabeled.append(split)
             continue
         first = not result["splits"]
+        if first and kind.class_names(task):  # what the confusion matrices' rows and columns are
+            result["label_names"] = kind.class_names(task)
         entry: dict[str, Any] = {"examples": len(task.references["eval"]), "train_examples": len(train),
                                  "full_train_examples": len(full_train), "scores": {}}
         for role, (model, info) in loaded.items():
@@ -118,13 +120,21 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
                                           repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
                                           latency_batch=n_choices if task_cfg.type == "multiple_choice" else 1)
                             for role, (model, _) in loaded.items()}
-    if distilled and {"teacher", "student"} <= set(result["efficiency"]):
-        first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
-        teacher, student = first_scores["teacher"][metrics[0]], first_scores["student"][metrics[0]]
-        result["retained"] = student / teacher if teacher else None
-        result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
-                             / result["efficiency"]["student"]["cpu"]["p50_ms"])
+    if distilled:
+        add_retention(result, metrics[0])
     return result
+
+
+def add_retention(result: dict, metric: str) -> None:
+    """result["retained"] (the student's share of the teacher's `metric` on the first split) and
+    result["speedup"] (the teacher's CPU p50 latency over the student's), where both were timed."""
+    if not {"teacher", "student"} <= set(result["efficiency"]):
+        return
+    first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
+    teacher, student = first_scores["teacher"][metric], first_scores["student"][metric]
+    result["retained"] = student / teacher if teacher else None
+    result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
+                         / result["efficiency"]["student"]["cpu"]["p50_ms"])
 
 
 def score_model(entry: dict, result: dict, role: str, model, task: TaskData, metrics: list[str],
@@ -170,6 +180,8 @@ def keep_extras(entry: dict, result: dict, model: str, extras: dict, first: bool
         entry.setdefault("breakdown", {})[model] = extras["breakdown"]
     if "per_type" in extras and first:
         result.setdefault("per_type", {})[model] = extras["per_type"]
+    if "confusion" in extras and first:  # tagging's words, multiple choice's endings
+        result["confusion"][model] = extras["confusion"]
 
 
 def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:
@@ -180,17 +192,14 @@ def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:
 
 
 def baseline_scores(task: TaskData, train: list, metrics: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
-    """(scores, extras as score_split gives them) of the type's baseline fit on `train`, on task's eval items."""
+    """(scores, extras as score_split gives them) of the type's baseline fit on `train`, on task's eval items:
+    its predictions in the type's form, scored by the type (span QA's baseline answers with text)."""
     items = task.references["eval"]
-    if task.type == "regression":
-        predicted, gold = tfidf_similarity(train, items), [item.value for item in items]
-        functions: dict[str, Callable] = {"pearson": pearson, "spearman": spearman}
-        return {m: functions[m](predicted, gold) for m in metrics}, {}
-    if task.type == "multiple_choice":
-        return {"accuracy": choice_accuracy(tfidf_choice_scores(train, items), [item.label for item in items])}, {}
-    if task.type == "tagging":
-        scores = entity_scores([s.tags for s in items], lexicon_tags(train, [s.words for s in items]))
-        return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"]}
+    predict = {"regression": lambda: tfidf_similarity(train, items),
+               "multiple_choice": lambda: tfidf_choice_scores(train, items).tolist(),
+               "tagging": lambda: lexicon_tags(train, [s.words for s in items])}
+    if task.type in predict:
+        return TYPES[task.type].score(task, "eval", predict[task.type](), metrics)
     if task.type == "span_qa":
         model = OverlapQA.fit(train, no_answer=bool(task.info.get("unanswerable")))
         scores = squad_scores(model.answers(items), golds(items))

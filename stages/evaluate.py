@@ -39,7 +39,7 @@ from lib.classifier import META_FILE
 from lib.config import Params, load_params, stage_params
 from lib.efficiency import onnx_latency, profile
 from lib.errors import UserError, run_main
-from lib.evaluation import evaluate_typed_task
+from lib.evaluation import add_retention, evaluate_typed_task
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.metrics import compute_metrics, confusion_matrix
 from lib.raw import localize
@@ -183,12 +183,8 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
     result["efficiency"] = {role: efficiency(c, models[role], cfg) for role, c in classifiers.items()}
     print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)
     result["onnx"] = {role: onnx_efficiency(c, size, cfg) for role, (c, size) in onnx.items()}
-    if distilled and "teacher" in result["efficiency"] and "student" in result["efficiency"]:
-        first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
-        teacher, student = first_scores["teacher"][metric_names[0]], first_scores["student"][metric_names[0]]
-        result["retained"] = student / teacher if teacher else None
-        result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
-                             / result["efficiency"]["student"]["cpu"]["p50_ms"])
+    if distilled:
+        add_retention(result, metric_names[0])
     return result
 
 
@@ -267,6 +263,8 @@ def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str]
     write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names", "scatter")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
+        # a declared output, so there even where no task has a confusion matrix (regression, span QA)
+        (tmp / "confusion").mkdir()
         scores, speed = [], []
         for name, r in results.items():
             split = next(iter(r["splits"]))

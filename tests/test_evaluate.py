@@ -225,6 +225,10 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     if task_type == "span_qa":  # SQuAD 2.0-like: no-answer threshold from dev, HasAns / NoAns beside overall
         assert set(split["threshold"]) >= {"teacher", "student"}
         assert {"has_answer_f1", "no_answer_f1", "f1"} <= set(split["breakdown"]["teacher"])
+    if task_type in ("tagging", "multiple_choice"):  # a confusion matrix over the tags of words / the endings
+        n = len(result["label_names"])
+        assert set(result["confusion"]) == {"teacher", "student", baseline}
+        assert all(len(matrix) == n and sum(map(sum, matrix)) > 0 for matrix in result["confusion"].values())
     if task_type == "tagging":
         assert set(result["per_type"]) == {"teacher", "student", baseline}
         assert set(result["per_type"][baseline]) >= {"PER", "LOC"}
@@ -237,9 +241,12 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     assert written["splits"]["validation"]["scores"]["teacher"].keys() == set(task_cfg.metrics)
     assert "scatter" not in written
     plots = {str(p.relative_to(args.plots)) for p in args.plots.rglob("*.csv")}
+    confusion = {f"confusion/toy_{m}.csv" for m in ("teacher", "student", baseline)}  # words' tags, ending picked
     extra = {"regression": {"predicted_vs_gold/toy_teacher.csv", "predicted_vs_gold/toy_student.csv"},
-             "tagging": {f"entity_f1/toy_{m}.csv" for m in ("teacher", "student", baseline)}}
+             "tagging": {f"entity_f1/toy_{m}.csv" for m in ("teacher", "student", baseline)} | confusion,
+             "multiple_choice": confusion}
     assert plots == {"scores.csv", "speed.csv", *extra.get(task_type, ())}
+    assert (args.plots / "confusion").is_dir()  # declared in dvc.yaml: there even when empty
     summary = (args.report / "summary.md").read_text(encoding="utf-8")
     assert "classification-only" in summary and "## toy" in summary
 

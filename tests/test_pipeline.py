@@ -27,7 +27,10 @@ from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "unsup": 150, "test": 60},
         "sst2": {"train": 150, "validation": 60, "test": 60},
         "cola": {"train": 80, "validation": 40, "test_unlabeled": 40}, "mrpc": {"train": 80, "validation": 40, "test": 40},
-        "rte": {"train": 80, "validation": 30, "test_unlabeled": 30}}
+        "rte": {"train": 80, "validation": 30, "test_unlabeled": 30},
+        "conll2003": {"train": 120, "validation": 40, "test": 40}, "squad": {"train": 60, "validation": 30},
+        "squad_v2": {"train": 120, "validation": 40}, "stsb": {"train": 120, "validation": 40, "test": 40},
+        "codah": {"train": 120, "validation": 40, "test": 40}}
 
 
 def head(path: Path, n: int) -> list[dict]:
@@ -670,3 +673,33 @@ def test_a_new_task_is_one_experiment(reproduced, tmp_path):
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = json.loads(run(repo, "dvc", "status", "--json"))
     assert {"finetune", "distill", "evaluate"} <= set(status) and "clean" not in status, status
+
+
+def test_the_shipped_task_types_run_through_the_chain(reproduced, tmp_path):
+    """One `dvc exp run` selects the shipped tagging, span QA (SQuAD 2.0), regression and multiple-choice
+    tasks (small subsets, lengths the tiny model takes): finetune, distill and evaluate train, distil
+    and report each with its type's metrics; teacher and student say their type."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    tasks = ["conll2003", "squad_v2", "stsb", "codah"]
+    flags = ["-S", f"finetune.tasks=[{','.join(tasks)}]", "-S", "finetune.variants=[plain]",
+             "-S", "finetune.max_train_examples=40", "-S", "finetune.max_eval_examples=30",
+             "-S", "tasks.conll2003.max_len=64", "-S", "tasks.stsb.max_len=64",
+             "-S", "tasks.squad_v2.max_len=64", "-S", "tasks.squad_v2.stride=16", "-S", "tasks.squad_v2.max_question_len=16"]
+    out = run(repo, "dvc", "exp", "run", *flags, "-n", "types")
+    assert "Running stage 'clean'" not in out  # the shipped tasks were decontaminated against from the start
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    metrics = {"conll2003": {"f1", "precision", "recall"}, "squad_v2": {"f1", "exact_match"},
+               "stsb": {"spearman", "pearson"}, "codah": {"accuracy"}}
+    for task in tasks:
+        assert set(finetune[task]["variants"]["plain"]["eval"]) == metrics[task], task
+    distill = json.loads((repo / "metrics/distill.json").read_text())
+    assert list(distill) == tasks
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert list(evaluate) == tasks
+    assert set(evaluate["conll2003"]["splits"]["test"]["scores"]) >= {"teacher", "student", "plain", "lexicon"}
+    assert "article split" in evaluate["squad_v2"]["data"]["label"]
+    summary = (repo / "reports/summary.md").read_text()
+    assert "split by article" in summary and "codah" in summary
+    for stage in ("finetune", "distill"):
+        info = json.loads((repo / f"models/{stage}/conll2003/classifier.json").read_text())
+        assert info["type"] == "tagging" and info["label_names"][0] == "O" and info["transformers"], stage

@@ -117,6 +117,10 @@ class TaskType:
         raise NotImplementedError
 
     # scoring -------------------------------------------------------------------------------------
+    def class_names(self, task: TaskData) -> list[str] | None:
+        """The rows and columns of the confusion matrix `score` gives, None where it gives none."""
+        return None
+
     def predict(self, outputs: torch.Tensor, examples: Sequence, task: TaskData) -> list:
         """One prediction per example of a batch, on the CPU."""
         raise NotImplementedError

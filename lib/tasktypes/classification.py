@@ -27,6 +27,9 @@ class Classification(TaskType):
     def collate(self, examples: Sequence[Example], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
         return vars(collate(examples, pad_id))
 
+    def class_names(self, task: TaskData) -> list[str]:
+        return task.label_names
+
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         return F.cross_entropy(outputs.float(), batch["labels"])
 

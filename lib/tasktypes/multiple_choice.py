@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.config import TaskConfig
-from lib.metrics import choice_accuracy
+from lib.metrics import choice_accuracy, confusion_matrix
 from lib.tasks import TaskData, padded
 from lib.tasks import encode as encode_texts
 from lib.tasktypes.base import TaskType, read_split
@@ -144,7 +144,12 @@ class MultipleChoice(TaskType):
     def score(self, task: TaskData, split: str, predictions: list[list[float]], metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         labels = [e.label for e in (task.dev if split == "dev" else task.eval)]
-        return {"accuracy": choice_accuracy(predictions, labels)}, {}
+        chosen = [max(range(len(scores)), key=scores.__getitem__) for scores in predictions]  # the first on a tie
+        return ({"accuracy": choice_accuracy(predictions, labels)},
+                {"confusion": confusion_matrix(chosen, labels, task.info["n_choices"]).tolist()})
+
+    def class_names(self, task: TaskData) -> list[str]:
+        return [f"ending {i}" for i in range(task.info["n_choices"])]
 
 
 TYPE = MultipleChoice()

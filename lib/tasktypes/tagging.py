@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from lib.config import TaskConfig
 from lib.errors import UserError
-from lib.metrics import entity_scores
+from lib.metrics import confusion_matrix, entity_scores
 from lib.tasks import TaskData
 from lib.tasktypes.base import TaskType, read_split
 from lib.tokenizer import check_plain
@@ -193,6 +193,9 @@ class Tagging(TaskType):
         features, counts = encode(items, tokenizer, special, cfg.max_len, label_names, f"{key}.label_field")
         return features, counts["truncated"]
 
+    def class_names(self, task: TaskData) -> list[str]:
+        return task.label_names
+
     def n_outputs(self, task: TaskData) -> int:
         return len(task.label_names)
 
@@ -210,8 +213,12 @@ class Tagging(TaskType):
 
     def score(self, task: TaskData, split: str, predictions: list[list[str]], metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
-        scores = entity_scores([s.tags for s in task.references[split]], predictions)
-        return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"]}
+        gold = [s.tags for s in task.references[split]]
+        scores = entity_scores(gold, predictions)
+        index = {tag: i for i, tag in enumerate(task.label_names)}
+        words = [(index[g], index[p]) for gold_tags, tags in zip(gold, predictions) for g, p in zip(gold_tags, tags)]
+        confusion = confusion_matrix([p for _, p in words], [g for g, _ in words], len(task.label_names))
+        return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"], "confusion": confusion.tolist()}
 
 
 TYPE = Tagging()
