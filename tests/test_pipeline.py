@@ -693,9 +693,9 @@ def test_the_shipped_task_types_run_through_the_chain(reproduced, tmp_path):
     for task in tasks:
         assert set(finetune[task]["variants"]["plain"]["eval"]) == metrics[task], task
     distill = json.loads((repo / "metrics/distill.json").read_text())
-    assert list(distill) == tasks
+    assert set(distill) == set(tasks)
     evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
-    assert list(evaluate) == tasks
+    assert set(evaluate) == set(tasks)
     assert set(evaluate["conll2003"]["splits"]["test"]["scores"]) >= {"teacher", "student", "plain", "lexicon"}
     assert "article split" in evaluate["squad_v2"]["data"]["label"]
     summary = (repo / "reports/summary.md").read_text()
