@@ -359,7 +359,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     result = DistillResult(
         task.name, teacher_scores, student_scores, confusion, state.best_epoch, state.history,
         round(state.seconds + time.perf_counter() - scoring_started, 1), teacher_seconds,
-        {"labeled": len(task.train), "unlabeled": len(unlabeled)}, blocks, layer_map, parameter_count(student),
+        {"labeled": task.size("train"), "unlabeled": len(unlabeled)}, blocks, layer_map, parameter_count(student),
         teacher_params)
     return result, distributed.to_cpu(student.eval(), context)
 

@@ -64,6 +64,14 @@ class TaskData:
     info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
     references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
 
+    def size(self, split: str) -> int:
+        """How many items `split` ("train", "dev", "eval") holds: rows, not model inputs (a question of
+        span QA may be several windows)."""
+        if split in self.references:
+            return len(self.references[split])
+        examples = {"train": self.train, "dev": self.dev, "eval": self.eval}[split]
+        return len(examples) if examples is not None else 0
+
 
 class Row(NamedTuple):
     a: str

@@ -108,8 +108,8 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
                                          max_eval=ft.eval_limit(name))
         # the teacher's outputs are in its units (regression's target scale): the student learns in those
         task = dataclasses.replace(task, info={**task.info, **info.get("info", {})})
-    distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {len(task.train)} labeled + "
-        f"{len(unlabeled)} unlabeled transfer examples (skipped {skipped}), {len(task.dev)} dev")
+    distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {task.size('train')} labeled + "
+        f"{len(unlabeled)} unlabeled transfer examples (skipped {skipped}), {task.size('dev')} dev")
     child = run.child(f"{name}/student", {"task": name, "teacher_variant": info["variant"]},
                       {"pipeline.role": "distill-run"})
 

@@ -76,8 +76,8 @@ def main() -> None:
             task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
                                              dev_max=cfg.dev_max, max_train=cfg.train_limit(name),
                                              max_eval=cfg.eval_limit(name))
-            distributed.say(context, f"{name}: {len(task.train)} train, {len(task.dev)} dev, "
-                f"{len(task.eval) if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
+            distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
+                f"{task.size('eval') if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
             results = []
             for variant in cfg.variants:
@@ -166,8 +166,7 @@ def summarise(task, metric_names: list[str], results: list[RunResult]) -> dict:
             summary["eval"] = {m: stats([r.eval[m] for r in runs]) for m in metric_names}
         variants[variant] = summary
     return {"metric": metric_names[0], "eval_split": task.eval_split if task.eval is not None else None,
-            "train_examples": len(task.train), "dev_examples": len(task.dev),
-            "eval_examples": len(task.eval) if task.eval is not None else 0,
+            "train_examples": task.size("train"), "dev_examples": task.size("dev"), "eval_examples": task.size("eval"),
             "skipped": task.skipped, "truncated": task.truncated, "variants": variants}
 
 
