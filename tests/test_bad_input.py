@@ -98,6 +98,26 @@ def empty_texts(data: Path) -> None:
     write_jsonl_gz(path, [{**r, "text": "" if i % 10 == 0 else r["text"]} for i, r in enumerate(rows(path))])
 
 
+def edit_first_row(name: str, change: Callable[[dict], dict]) -> Callable[[Path], None]:
+    """A data edit: the first train row of dataset `name` changed by `change`."""
+    def edit(data: Path) -> None:
+        path = data / name / "train.jsonl.gz"
+        train = rows(path)
+        write_jsonl_gz(path, [change(train[0]), *train[1:]])
+    return edit
+
+
+def moved_answer(row: dict) -> dict:
+    answers = row["answers"]
+    starts = answers["answer_start"]
+    return {**row, "answers": {**answers, "answer_start": [starts[0] + 1, *starts[1:]]}}
+
+
+def typed(task: str, **settings: Any) -> dict[str, Any]:
+    """Params that finetune `task` alone (lengths the tiny model takes)."""
+    return {"finetune.tasks": [task], "distill.tasks": [task], **{f"tasks.{task}.{k}": v for k, v in settings.items()}}
+
+
 def truncate_model(repo: Path, case: Path) -> None:
     model = case / "model_in"
     shutil.copytree(repo / "models" / "adapt", model)
@@ -158,6 +178,23 @@ CASES = [
          params={"finetune.tasks": ["mrpc"], "distill.tasks": ["mrpc"], "tasks.mrpc.max_len": 64, "tasks.mrpc.text_pair_field": "sentence3"}),
     Case("task not in params", "finetune", "finetune.tasks[1]: 'nope' is not a task in `tasks`",
          params={"finetune.tasks": ["sst2", "nope"]}),
+    Case("tagging words and tags of different lengths: counted and skipped", "finetune", None,
+         params=typed("conll2003", max_len=64),
+         data=edit_first_row("conll2003", lambda r: {**r, "ner_tags": r["ner_tags"][:-1]}),
+         check=lambda m: m["conll2003"]["skipped"]["train.length_mismatch"] == 1),
+    Case("an answer not at its answer_start: moved to its text and counted", "finetune", None,
+         params=typed("squad_v2", max_len=64, stride=16, max_question_len=16),
+         data=edit_first_row("squad_v2", moved_answer),
+         check=lambda m: m["squad_v2"]["skipped"]["train.answer_repaired"] == 1),
+    Case("a regression label that is not a number: counted and skipped", "finetune", None,
+         params=typed("stsb", max_len=64), data=edit_first_row("stsb", lambda r: {**r, "label": "n/a"}),
+         check=lambda m: m["stsb"]["skipped"]["train.label_not_a_number"] == 1),
+    Case("a multiple-choice row with another number of endings: counted and skipped", "finetune", None,
+         params=typed("codah"), data=edit_first_row("codah", lambda r: {**r, "endings": r["endings"][:3]}),
+         check=lambda m: m["codah"]["skipped"]["train.n_choices"] == 1),
+    Case("a task type the registry does not have", "finetune",
+         "tasks.stsb.type: 'ranking' is not one of classification, regression",
+         params={**typed("stsb", max_len=64), "tasks.stsb.type": "ranking"}),
     Case("truncated model weights", "finetune", "model.safetensors: does not match config.json or is corrupt"),
     Case("token files of another tokenizer", "pretrain", "train.json: encoded with another tokenizer than "
          "data/tokens/tokenizer/tokenizer.json; encode the corpora again (dvc repro tokenizer)"),

@@ -14,13 +14,14 @@
   word's leading space as part of it: non-first words get one, so they split as in running text
   (WordPiece and sentencepiece-style tokenizers need and take none). A word that yields no subword
   (a lone control character) gets [unk], so every word has a position that carries its tag.
-- The first subword of each word carries the tag's index, every other position -100 (ignored by
-  the cross-entropy). Where BPE has no merge of the space with the word's start, the space is a
-  piece of its own ("Ġ", the same for every word): then the piece after it carries the tag. A sentence longer than `max_len` (specials included) keeps its whole words that
-  fit and is counted; its cut words are predicted "O" at decoding, so scoring still covers every gold
-  word (a cut entity counts as missed). With MiniLM's tokenizer and max_len 128, CoNLL-2003 cuts 1 train
-  sentence of 14,041, 3 validation of 3,250 and 1 test of 3,453 (perfect predictions then score entity
-  F1 0.9994 on validation, 0.9998 on test); at max_len 256 none. Sliding windows would gain that little.
+- The first subword of each word carries the tag's index, every other position -100 (ignored by the
+  cross-entropy). Where BPE has no merge of the space with the word's start, the space is a piece of
+  its own ("Ġ", the same for every word): then the piece after it carries the tag. A sentence longer
+  than `max_len` (specials included) keeps its whole words that fit and is counted; its cut words
+  are predicted "O" at decoding, so scoring still covers every gold word (a cut entity counts as
+  missed). With MiniLM's tokenizer and max_len 128, CoNLL-2003 cuts 1 train sentence of 14,041, 3
+  validation of 3,250 and 1 test of 3,453 (perfect predictions then score entity F1 0.9994 on
+  validation, 0.9998 on test); at max_len 256 none. Sliding windows would gain that little.
 - Decoding takes the tag of highest logit at each word's first subword and gives word-level IOB2
   strings, scored by lib.metrics.entity_scores (seqeval's default mode) against `Sentence.tags`.
 """
