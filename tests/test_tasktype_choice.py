@@ -90,3 +90,10 @@ def test_a_tiny_backbone_with_the_head_learns_the_right_endings(tokenizer, one_t
     assert scores.shape == (3, 4)
     predictions = TYPE.predict(scores, features, task)
     assert choice_accuracy(predictions, [1, 2, 0]) == 1.0
+
+
+def test_a_malformed_first_row_does_not_set_the_number_of_choices():
+    rows = [{"startphrase": "a", "endings": ["x", "y", "z"], "label": 0}] + [
+        {"startphrase": "b", "endings": ["w", "x", "y", "z"], "label": 1}] * 3
+    items, skipped = read_rows(rows)
+    assert len(items) == 3 and skipped == {"n_choices": 1}

@@ -1,8 +1,9 @@
 """Multiple choice, as BERT finetunes SWAG: score each (context, ending) sequence, softmax over the endings.
 
 - Rows become `Question(context, endings, label)`. Every question of a task has the same number of
-  endings, `n_choices`: given, or that of the first row read (the caller passes the train split's
-  count on to its evaluation splits). A row with another count, a label that is not an index of its
+  endings, `n_choices`: given, or the most common count of the rows read (the caller passes the train
+  split's count on to its evaluation splits; the first row's count would let one malformed first row
+  drop every other). A row with another count, a label that is not an index of its
   endings, or an empty text is skipped and counted by reason: one malformed row should not stop a run,
   and a ragged batch could not be a (B, n_choices, T) tensor.
 - Each choice is encoded as its own pair by `lib.tasks.encode`, `[bos] context [eos] ending [eos]`,
@@ -44,16 +45,19 @@ class Choices:
 
 def read_rows(rows: Iterable[dict[str, Any]], n_choices: int | None = None, *, context_field: str = "startphrase",
               endings_field: str = "endings", label_field: str = "label") -> tuple[list[Question], Counter]:
-    """(items, skipped rows by reason). n_choices None takes the count of the first row with a list of
-    endings. Reasons: empty_text (the context or an ending is not a non-empty string), endings_not_a_list,
+    """(items, skipped rows by reason). n_choices None takes the most common count of endings (the first
+    such on a tie). Reasons: empty_text (the context or an ending is not a non-empty string), endings_not_a_list,
     n_choices (another number of endings), label_not_an_int (null, bool, float, string), label_out_of_range."""
     items, skipped = [], Counter()
+    if n_choices is None:
+        rows = list(rows)
+        counts = Counter(len(row[endings_field]) for row in rows if isinstance(row.get(endings_field), list))
+        n_choices = counts.most_common(1)[0][0] if counts else 0
     for row in rows:
         context, endings, label = row.get(context_field), row.get(endings_field), row.get(label_field)
         if not isinstance(endings, list):
             skipped["endings_not_a_list"] += 1
             continue
-        n_choices = len(endings) if n_choices is None else n_choices
         if len(endings) != n_choices:
             skipped["n_choices"] += 1
         elif not all(isinstance(text, str) and text.strip() for text in (context, *endings)):
