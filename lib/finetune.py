@@ -278,6 +278,11 @@ class ProbeTrainer:
         self.mean, self.std = rows.mean(0), rows.std(0).clamp(min=1e-6)
         self.batches = {name: [(group, (f - self.mean) / self.std, batch) for group, f, batch in batches]
                         for name, batches in self.batches.items()}
+        # each train batch's share of the loss's units (examples, tagged words), and their number: the
+        # L-BFGS objective reads them at every evaluation
+        self.train_units = sum(self.kind.units(e) for e in task.train)
+        self.train_weights = [sum(self.kind.units(task.train[i]) for i in group) / self.train_units
+                              for group, _, _ in self.batches["train"]]
         self.steps, self.c = 0, None  # L-BFGS iterations over every fit; the C kept
 
     @torch.no_grad()
@@ -329,15 +334,12 @@ class ProbeTrainer:
 
     def _train_loss(self) -> torch.Tensor:
         """The type's loss on the train split, a mean over its units (examples, tagged words)."""
-        train, total = self.task.train, sum(self.kind.units(e) for e in self.task.train)
-        return sum(self.kind.loss(self.kind.shape(self.model.head(f), batch), batch, self.task)
-                   * sum(self.kind.units(train[i]) for i in group) / total
-                   for group, f, batch in self.batches["train"])
+        return sum(self.kind.loss(self.kind.shape(self.model.head(f), batch), batch, self.task) * weight
+                   for (_, f, batch), weight in zip(self.batches["train"], self.train_weights))
 
     def _lbfgs(self, c: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(weight, bias) minimising the type's mean train loss + |W|^2 / (2 C n), from zero."""
-        linear = self.model.head[-1]
-        n = sum(self.kind.units(e) for e in self.task.train)
+        linear, n = self.model.head[-1], self.train_units
         with torch.no_grad():
             linear.weight.zero_()
             linear.bias.zero_()
