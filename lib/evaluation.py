@@ -67,6 +67,8 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
         result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
     if is_squad(name, task_cfg):
         result["data"] = {"label": SQUAD_LABEL, "note": SQUAD_NOTE}
+    # teacher and student are of one family: the examples are encoded for it (tagging's causal layout)
+    causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)
     train, full_train = train_items(name, task_cfg, max_train=ft.train_limit(name), **selection)
     calibration: dict[str, dict] = {}
@@ -74,7 +76,7 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     for split in task_cfg.eval_splits:
         cfg = replace(task_cfg, eval_splits=[split, *(s for s in task_cfg.eval_splits if s != split)])
         task = kind.load(name, cfg, tokenizer, special, max_train=ft.train_limit(name), max_eval=ft.eval_limit(name),
-                         **selection)
+                         causal=causal, **selection)
         if task.eval is None:
             unlabeled.append(split)
             continue

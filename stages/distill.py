@@ -105,7 +105,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     else:
         task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=ft.dev_fraction,
                                          dev_max=ft.dev_max, max_train=ft.train_limit(name),
-                                         max_eval=ft.eval_limit(name))
+                                         max_eval=ft.eval_limit(name), causal=teacher.backbone.cfg.causal)
         # the teacher's outputs are in its units (regression's target scale): the student learns in those
         task = dataclasses.replace(task, info={**task.info, **info.get("info", {})})
     distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {task.size('train')} labeled + "

@@ -75,7 +75,7 @@ def main() -> None:
         for name, task_cfg in tasks.items():
             task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
                                              dev_max=cfg.dev_max, max_train=cfg.train_limit(name),
-                                             max_eval=cfg.eval_limit(name))
+                                             max_eval=cfg.eval_limit(name), causal=adapted.cfg.causal)
             distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
                 f"{task.size('eval') if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")

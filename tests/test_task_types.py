@@ -150,7 +150,7 @@ def test_a_causal_model_takes_each_shape(tmp_path, tokenizer, one_thread, task_t
     cfg = task_config(task_type, folder)
     tok, special = tokenizer
     task = TYPES[task_type].load(task_type, cfg, tok, special, dev_fraction=CFG.dev_fraction, dev_max=CFG.dev_max,
-                                 max_train=150)
+                                 max_train=150, causal=True)
     torch.manual_seed(0)
     backbone = Transformer(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
                                              d_ff=64, dropout=0.0, max_positions=32, causal=True))

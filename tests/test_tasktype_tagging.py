@@ -169,3 +169,17 @@ def test_a_lone_space_piece_does_not_carry_the_tag(bpe):
     assert [pieces[i] for i in feature.word_starts] == ["f", "Rollo"]
     assert [tags[feature.labels[i]] for i in feature.word_starts] == ["O", "B-PER"]
     assert sum(label != IGNORE for label in feature.labels) == 2
+
+
+def test_a_causal_model_reads_each_tag_at_the_words_last_subword(bpe):
+    """A causal model's state at "f" has not read "ounded": its tags sit on each word's last piece."""
+    tokenizer, special = bpe
+    sentence = Sentence(["founded", "Rollo"], ["O", "B-PER"])
+    tags = tag_set([sentence])
+    (both_ways,), _ = encode([sentence], tokenizer, special, 16, tags)
+    (causal,), _ = encode([sentence], tokenizer, special, 16, tags, causal=True)
+    assert causal.ids == both_ways.ids
+    ends = [len(both_ways.ids) - 2, both_ways.word_starts[1] - 2]  # before [eos]; before "Ġ" + "Rollo"
+    assert sorted(causal.word_starts) == sorted(ends) and both_ways.word_starts[0] not in causal.word_starts
+    assert [tags[causal.labels[i]] for i in causal.word_starts] == ["O", "B-PER"]
+    assert sum(label != IGNORE for label in causal.labels) == 2

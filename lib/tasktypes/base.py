@@ -34,13 +34,15 @@ class TaskType:
         return [], {}
 
     def encode(self, items: list, cfg: TaskConfig, tokenizer, special: dict[str, int], label_names: list[str],
-               info: dict[str, Any], key: str) -> tuple[list, int]:
-        """(examples, number truncated)."""
+               info: dict[str, Any], key: str, causal: bool = False) -> tuple[list, int]:
+        """(examples, number truncated); `causal`: whether the model reads each position's left context only."""
         raise NotImplementedError
 
     def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-             dev_max: int, max_train: int | None = None, max_eval: int | None = None) -> TaskData:
-        """The task's train, dev (hashed out of train) and evaluation examples."""
+             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
+             causal: bool = False) -> TaskData:
+        """The task's train, dev (hashed out of train) and evaluation examples, encoded for a causal model
+        (`causal`) or one that attends both ways."""
         key = f"tasks.{name}"
         eval_split = cfg.eval_splits[0]
         train_items, train_skipped = self.read(cfg, cfg.train_split, key, None)
@@ -61,7 +63,8 @@ class TaskType:
         info = {**info, **self.fit(cfg, train, key)}
         encoded, truncated = {}, {}
         for split, items in (("train", train), ("dev", dev), ("eval", eval_items)):
-            encoded[split], truncated[split] = self.encode(items, cfg, tokenizer, special, label_names, info, key)
+            encoded[split], truncated[split] = self.encode(items, cfg, tokenizer, special, label_names, info, key,
+                                                           causal)
         return TaskData(
             name=name, label_names=label_names, train=encoded["train"], dev=encoded["dev"],
             eval=encoded["eval"] or None, eval_split=eval_split,

@@ -17,7 +17,8 @@ class Classification(TaskType):
     name = "classification"
 
     def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-             dev_max: int, max_train: int | None = None, max_eval: int | None = None) -> TaskData:
+             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
+             causal: bool = False) -> TaskData:
         return load_task(name, cfg, tokenizer, special, dev_fraction=dev_fraction, dev_max=dev_max,
                          max_train=max_train, max_eval=max_eval)
 

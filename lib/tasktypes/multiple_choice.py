@@ -124,7 +124,8 @@ class MultipleChoice(TaskType):
     def prepare(self, cfg: TaskConfig, train: list[Question], key: str) -> tuple[list[str], dict[str, Any]]:
         return [], {"n_choices": len(train[0].endings)}
 
-    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Choices], int]:
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key,
+               causal=False) -> tuple[list[Choices], int]:
         return encode(items, tokenizer, special, cfg.max_len, cfg.truncation)
 
     def n_outputs(self, task: TaskData) -> int:

@@ -134,7 +134,8 @@ class Regression(TaskType):
         mean, std = target_scale(train, f"{key}.label_field")
         return {"mean": mean, "std": std}
 
-    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Example], int]:
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key,
+               causal=False) -> tuple[list[Example], int]:
         return encode(items, tokenizer, special, cfg.max_len, cfg.truncation)
 
     def n_outputs(self, task: TaskData) -> int:

@@ -286,7 +286,8 @@ class SpanQA(TaskType):
         return [], {"unanswerable": any(not q.answers for q in train), "max_answer_len": cfg.max_answer_len,
                     "stride": cfg.stride, "max_question_len": cfg.max_question_len}
 
-    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Window], int]:
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key,
+               causal=False) -> tuple[list[Window], int]:
         windows, counts = encode(items, tokenizer, special, cfg.max_len, cfg.stride, cfg.max_question_len, key)
         return windows, counts["truncated_questions"]
 

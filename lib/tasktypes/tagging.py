@@ -1,4 +1,5 @@
-"""Token tagging (CoNLL-2003 NER): a tag per word, predicted from the word's first subword, as BERT.
+"""Token tagging (CoNLL-2003 NER): a tag per word, predicted from the word's first subword as BERT, or
+from its last on a causal model, which sees the whole word only there.
 
 - Rows hold words (`tokens`) and one IOB2 tag per word (`ner_tags`). A row without words, with a tag
   count that differs from its word count, with a word that is not a string or a tag that is not IOB2
@@ -16,13 +17,15 @@
   (a lone control character) gets [unk], so every word has a position that carries its tag.
 - The first subword of each word carries the tag's index, every other position -100 (ignored by the
   cross-entropy). Where BPE has no merge of the space with the word's start, the space is a piece of
-  its own ("Ġ", the same for every word): then the piece after it carries the tag. A sentence longer
+  its own ("Ġ", the same for every word): then the piece after it carries the tag. A causal model's
+  state at the first subword has not read the rest of the word ("Wash" of "Washington"): there the
+  word's last subword carries it, as a left-to-right tagger reads words. A sentence longer
   than `max_len` (specials included) keeps its whole words that fit and is counted; its cut words
   are predicted "O" at decoding, so scoring still covers every gold word (a cut entity counts as
   missed). With MiniLM's tokenizer and max_len 128, CoNLL-2003 cuts 1 train sentence of 14,041, 3
   validation of 3,250 and 1 test of 3,453 (perfect predictions then score entity F1 0.9994 on
   validation, 0.9998 on test); at max_len 256 none. Sliding windows would gain that little.
-- Decoding takes the tag of highest logit at each word's first subword and gives word-level IOB2
+- Decoding takes the tag of highest logit at each word's tag-carrying subword and gives word-level IOB2
   strings, scored by lib.metrics.entity_scores (seqeval's default mode) against `Sentence.tags`.
 """
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Sentence:
 class Features:
     ids: list[int]  # [bos] subwords [eos]
     labels: list[int]  # tag index at each kept word's first subword, IGNORE elsewhere
-    word_starts: list[int]  # position of each kept word's tag-carrying (first non-space) subword
+    word_starts: list[int]  # position of each kept word's tag-carrying subword (first non-space; causal: last)
     n_words: int  # words in the sentence; those past len(word_starts) were cut by max_len
 
 
@@ -91,10 +94,11 @@ def tag_set(sentences: Iterable[Sentence]) -> list[str]:
 
 
 def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], max_len: int, tag_names: list[str],
-           key: str = "tagging") -> tuple[list[Features], Counter]:
+           key: str = "tagging", causal: bool = False) -> tuple[list[Features], Counter]:
     """(features, counts: "sentences", "words", "truncated" sentences, "cut_words", "unk_words" without a
     subword of their own). `tag_names`: index -> tag, the tag_set of the train sentences or names fixed by
-    the task's config. Raises UserError, naming `key`, on a tag outside `tag_names`."""
+    the task's config. `causal`: the tag on each word's last subword. Raises UserError, naming `key`, on a
+    tag outside `tag_names`."""
     check_plain(tokenizer)
     index = {tag: i for i, tag in enumerate(tag_names)}
     spaced = _byte_level(tokenizer)
@@ -117,6 +121,8 @@ def encode(sentences: Sequence[Sentence], tokenizer, special: dict[str, int], ma
         ids, labels, starts = [special["bos"]], [IGNORE], []
         for word_pieces, head, tag in zip(pieces, heads, sentence.tags):
             word_pieces, head = (word_pieces, head or 0) if word_pieces else ([special["unk"]], 0)
+            if causal:
+                head = len(word_pieces) - 1
             if len(ids) + len(word_pieces) > max_len - 1:
                 break
             starts.append(len(ids) + head)
@@ -173,7 +179,7 @@ def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_nam
 
 
 class Tagging(TaskType):
-    """A tag per word from the head's outputs at the word's first subword; the loss's mean is over
+    """A tag per word from the head's outputs at the word's tag-carrying subword; the loss's mean is over
     the tagged positions, so `units` counts them."""
 
     name = "tagging"
@@ -190,8 +196,9 @@ class Tagging(TaskType):
     def prepare(self, cfg: TaskConfig, train: list[Sentence], key: str) -> tuple[list[str], dict[str, Any]]:
         return list(cfg.label_names) if cfg.label_names else tag_set(train), {}
 
-    def encode(self, items, cfg, tokenizer, special, label_names, info, key) -> tuple[list[Features], int]:
-        features, counts = encode(items, tokenizer, special, cfg.max_len, label_names, f"{key}.label_field")
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key,
+               causal=False) -> tuple[list[Features], int]:
+        features, counts = encode(items, tokenizer, special, cfg.max_len, label_names, f"{key}.label_field", causal)
         return features, counts["truncated"]
 
     def class_names(self, task: TaskData) -> list[str]:
