@@ -1,10 +1,14 @@
 """Fixtures: the real params.yaml as a dict, the project root as working directory, offline caches, and
 the tiny project after one `dvc repro` (shared by the modules that start from it)."""
 import copy
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from tests.helpers import ROOT
 
@@ -41,9 +45,18 @@ def chdir_root(monkeypatch):
 def reproduced(tmp_path_factory) -> tuple[Path, str, str]:
     """The tiny project of tests/test_pipeline.py after one `dvc repro` on the default `impl` settings: the
     folder holding it (repo/, with its mirror in shared/ beside it), the evaluation sentence planted in its
-    pretraining text, and the repro's log. The chain runs once per session; a test never changes this
-    folder, it works on a copy (tests.test_pipeline.copy_reproduced)."""
+    pretraining text, and the repro's log. The chain runs once per test run: under pytest-xdist the first
+    worker to need it builds it in the folder the workers share while the others wait (each building its
+    own took both cores for two minutes); a test never changes this folder, it works on a copy
+    (tests.test_pipeline.copy_reproduced)."""
     from tests.test_pipeline import run, tiny_repo
-    base = tmp_path_factory.mktemp("reproduced")
-    repo, planted = tiny_repo(base)
-    return base, planted, run(repo, "dvc", "repro")
+    own = tmp_path_factory.getbasetemp()
+    shared = own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own
+    base, record = shared / "reproduced", shared / "reproduced.json"
+    with FileLock(shared / "reproduced.lock"):
+        if not record.exists():
+            shutil.rmtree(base, ignore_errors=True)  # what a worker whose build failed left
+            repo, planted = tiny_repo(base)
+            record.write_text(json.dumps({"planted": planted, "log": run(repo, "dvc", "repro")}))
+    built = json.loads(record.read_text())
+    return base, built["planted"], built["log"]

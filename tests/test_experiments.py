@@ -1,0 +1,131 @@
+"""Experiments as a user runs them (`dvc exp run -S ...`) on the tiny project of tests/test_pipeline.py after
+its `dvc repro`: another objective, a published checkpoint, a new task, the shipped task types. Apart from
+test_pipeline.py so that pytest-xdist runs the two modules side by side."""
+import json
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, write_jsonl_gz
+from tests.test_pipeline import copy_reproduced, head, run, stage_runs
+
+
+@pytest.fixture(scope="module")
+def repo(reproduced, tmp_path_factory):
+    """A copy of the session's reproduced tiny project, which the objective and init experiments change in
+    turn (each is applied to the workspace)."""
+    return copy_reproduced(reproduced, tmp_path_factory.mktemp("experiments"))
+
+
+def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
+    """ELECTRA through the whole chain after it; finetune trains one variant (which ones do not change what
+    reruns: every stage after pretrain does)."""
+    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-S", "finetune.variants=[plain]", "-n", "electra")
+    assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
+    metrics = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert metrics["objective"] == "electra" and 0.5 < metrics["val_disc_accuracy"] <= 1.0
+    assert (repo / "models/pretrain/objective.safetensors").is_file()  # the generator, for adapt
+    adapt = json.loads((repo / "metrics/adapt.json").read_text())
+    assert adapt["objective"] == "electra" and "val_replaced_recall" in adapt and "before_val_disc_loss" in adapt
+    runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
+    assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == \
+        ["pretrain", "adapt", "finetune", "distill", "evaluate"]  # the data stage had nothing to do: untracked
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
+
+
+def test_init_experiment_starts_from_a_checkpoint(repo):
+    """`dvc exp run -S init=hf:<org>/<name>`, the mirror standing in for the hub: the checkpoint's
+    tokenizer and weights go through the whole chain, adapted with the objective that fits them.
+    After the objective experiment: both change the workspace."""
+    transformers = pytest.importorskip("transformers")
+    checkpoint = repo.parent / "shared" / "models" / "tiny-bert"
+    transformers.AutoTokenizer.from_pretrained(ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2").save_pretrained(
+        checkpoint)
+    transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                   intermediate_size=64)).save_pretrained(checkpoint)
+    out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm",
+              "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-S", "finetune.tasks=[sst2]",
+              "-S", "distill.tasks=[sst2]", "-n", "init")  # one task: every variant, each on the checkpoint
+    assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
+    assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
+    assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
+    tokenizer = json.loads((repo / "data/tokens/tokenizer/tokenizer_meta.json").read_text())
+    assert tokenizer["algorithm"] == "wordpiece" and tokenizer["vocab_size"] == 30522 and tokenizer["lowercase"]
+    assert tokenizer["special_tokens"]["bos"] == {"token": "[CLS]", "id": 101}
+    pretrain = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert pretrain["kept"] and pretrain["family"] == "bert" and pretrain["objective"] == "mlm"
+    adapt = json.loads((repo / "metrics/adapt.json").read_text())
+    assert adapt["objective"] == "mlm" and adapt["val_loss"] < adapt["before_val_loss"]
+    adapted = json.loads((repo / "models/adapt/config.json").read_text())  # a transformers BERT, ours inside
+    ours = adapted["transfer_pipeline"]
+    assert adapted["model_type"] == "bert" and adapted["architectures"] == ["BertForMaskedLM"]
+    assert (ours["d_model"], ours["norm"], ours["norm_eps"], ours["pooler"]) == (32, "post", 1e-12, True)
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert set(finetune) == {"sst2"} and set(finetune["sst2"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
+    assert set(json.loads((repo / "metrics/distill.json").read_text())) == {"sst2"}
+    assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
+    assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
+           "with mlm" in (repo / "reports/summary.md").read_text()
+
+
+def test_a_new_task_is_one_experiment(reproduced, tmp_path):
+    """A user's own 3-class task from a local folder, added and selected by one `dvc exp run` whose flags
+    name only the task (its source, fields, a length the tiny model takes and a train limit; one variant
+    to keep the test short): clean
+    decontaminates against its evaluation split and, finding nothing new, reruns nothing after it; the
+    stages that read tasks train, distill and report the new task alone. Its own copy of the project: the
+    experiment is applied to the workspace."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    topics = ["art", "science", "sport"]
+    rows = [{"body": r["text"], "topic": topics[len(r["text"]) % 3]}
+            for r in head(repo.parent / "shared" / "data" / "sst2" / "train.jsonl.gz", 150)]
+    write_jsonl_gz(repo.parent / "news" / "train.jsonl.gz", rows[:110])
+    write_jsonl_gz(repo.parent / "news" / "validation.jsonl.gz", rows[110:])
+    out = run(repo, "dvc", "exp", "run", "-S", "+tasks.news={source: ../news, text_field: body, label_field: topic, max_len: 48}",
+              "-S", "finetune.tasks=[news]", "-S", "+finetune.max_train_examples.news=60",
+              "-S", "finetune.variants=[plain]", "-n", "news")
+    assert "Running stage 'clean'" in out and "Running stage 'tokenizer'" not in out
+    assert all(f"Running stage '{stage}'" in out for stage in ("finetune", "distill", "evaluate"))
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert list(finetune) == ["news"] and finetune["news"]["train_examples"] == 60  # dev is hashed out before the limit
+    assert list(json.loads((repo / "metrics/distill.json").read_text())) == ["news"]  # distill.tasks: null
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert list(evaluate) == ["news"] and set(evaluate["news"]["splits"]["validation"]["scores"]) >= {"teacher", "student"}
+    assert json.loads((repo / "models/finetune/news/classifier.json").read_text())["label_names"] == topics
+    # a setting of the task reruns what reads tasks, not clean: it reads data/raw/eval_texts.json instead
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tasks"]["news"]["max_len"] = 32
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = json.loads(run(repo, "dvc", "status", "--json"))
+    assert {"finetune", "distill", "evaluate"} <= set(status) and "clean" not in status, status
+
+
+def test_the_shipped_task_types_run_through_the_chain(reproduced, tmp_path):
+    """One `dvc exp run` selects the shipped tagging, span QA (SQuAD 2.0), regression and multiple-choice
+    tasks (small subsets, lengths the tiny model takes): finetune, distill and evaluate train, distil
+    and report each with its type's metrics; teacher and student say their type."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    tasks = ["conll2003", "squad_v2", "stsb", "codah"]
+    flags = ["-S", f"finetune.tasks=[{','.join(tasks)}]", "-S", "finetune.variants=[plain]",
+             "-S", "finetune.max_train_examples=40", "-S", "finetune.max_eval_examples=30",
+             "-S", "tasks.conll2003.max_len=64", "-S", "tasks.stsb.max_len=64",
+             "-S", "tasks.squad_v2.max_len=64", "-S", "tasks.squad_v2.stride=16", "-S", "tasks.squad_v2.max_question_len=16"]
+    out = run(repo, "dvc", "exp", "run", *flags, "-n", "types")
+    assert "Running stage 'clean'" not in out  # the shipped tasks were decontaminated against from the start
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    metrics = {"conll2003": {"f1", "precision", "recall"}, "squad_v2": {"f1", "exact_match"},
+               "stsb": {"spearman", "pearson"}, "codah": {"accuracy"}}
+    for task in tasks:
+        assert set(finetune[task]["variants"]["plain"]["eval"]) == metrics[task], task
+    distill = json.loads((repo / "metrics/distill.json").read_text())
+    assert set(distill) == set(tasks)
+    evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert set(evaluate) == set(tasks)
+    assert set(evaluate["conll2003"]["splits"]["test"]["scores"]) >= {"teacher", "student", "plain", "lexicon"}
+    assert "article split" in evaluate["squad_v2"]["data"]["label"]
+    summary = (repo / "reports/summary.md").read_text()
+    assert "split by article" in summary and "codah" in summary
+    for stage in ("finetune", "distill"):
+        info = json.loads((repo / f"models/{stage}/conll2003/classifier.json").read_text())
+        assert info["type"] == "tagging" and info["label_names"][0] == "O" and info["transformers"], stage
