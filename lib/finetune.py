@@ -334,7 +334,7 @@ class ProbeTrainer:
 
     def _train_loss(self) -> torch.Tensor:
         """The type's loss on the train split, a mean over its units (examples, tagged words)."""
-        return sum(self.kind.loss(self.kind.shape(self.model.head(f), batch), batch, self.task) * weight
+        return sum(self.kind.loss(self.kind.shape(self.model.classify(f), batch), batch, self.task) * weight
                    for (_, f, batch), weight in zip(self.batches["train"], self.train_weights))
 
     def _lbfgs(self, c: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,7 +386,7 @@ class ProbeTrainer:
         examples = self.task.dev if split == "dev" else self.task.eval
         predictions: list = [None] * len(examples)
         for group, f, batch in self.batches[split]:
-            outputs = self.kind.shape(self.model.head(f), batch).cpu()
+            outputs = self.kind.shape(self.model.classify(f), batch).cpu()
             for i, prediction in zip(group, self.kind.predict(outputs, [examples[i] for i in group], self.task)):
                 predictions[i] = prediction
         return self.kind.score(self.task, split, predictions, metrics, calibration)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
+from lib import runtime
 from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import FinetuneConfig, ImplConfig
 from lib.finetune import FullTrainer, ProbeTrainer, run_variant, setup
@@ -133,6 +134,31 @@ def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_pr
         logits, _ = model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)
     accuracy = (logits.argmax(-1) == batch.labels).float().mean().item()
     assert accuracy == pytest.approx(result.eval["accuracy"]) and result.eval["accuracy"] > 0.7
+
+
+def test_a_folded_probe_predicts_the_same_under_bf16_autocast(tmp_path):
+    """The frozen probe's head reads raw features through W / std and a bias that cancels W / std · mean.
+    Features far from zero with a small spread (as max-pooled states are) make that cancellation
+    large: in bf16 the logits were noise (an IMDb teacher scored 56.7% in finetune, 48.3% served in
+    bf16). The head runs in fp32 whatever the autocast, so the served model predicts what finetune scored."""
+    probe = runtime.cpu_bf16_probe()  # in a child process, cached: a crash there is not this process's
+    if probe.outcome == "crash":
+        pytest.skip(f"bf16 autocast crashes on this CPU (the bf16 probe's matmul died with {probe.failure})")
+    task = toy_task()
+    adapted = backbone()
+    with torch.no_grad():  # features of mean ~40 and std ~0.1: far from zero, narrowly spread
+        adapted.norm.weight.mul_(0.1)  # the final LayerNorm of a pre-LN model
+        adapted.norm.bias.fill_(40.0)
+    result, model = run_variant("frozen", task, ["accuracy"], adapted, CFG, IMPL, torch.device("cpu"), 1, PAD,
+                                tmp_path, "fp")
+    assert result.eval["accuracy"] > 0.7
+    batch = collate(task.eval, PAD)
+    with torch.no_grad():
+        fp32, _ = model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+    assert bf16.dtype == torch.float32
+    assert (bf16.argmax(-1) == fp32.argmax(-1)).float().mean() >= 0.95
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
