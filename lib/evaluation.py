@@ -187,9 +187,13 @@ def keep_extras(entry: dict, result: dict, model: str, extras: dict, first: bool
 
 
 def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:
-    """Each finetune variant's evaluation scores, mean and std over seeds."""
-    return {variant: {k: v for m, s in summary.get("eval", {}).items()
-                      for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
+    """Each finetune variant's evaluation scores: the mean over seeds, and their std where there were
+    several (one seed has no spread to show: the report would print "± 0.0")."""
+    def stats(metric: str, summary: dict) -> dict[str, float]:
+        spread = {f"{metric}_std": summary["std"]} if len(summary.get("seeds", ())) > 1 else {}
+        return {metric: summary["mean"], **spread}
+
+    return {variant: {k: v for m, s in summary.get("eval", {}).items() for k, v in stats(m, s).items()}
             for variant, summary in finetuned["variants"].items()}
 
 

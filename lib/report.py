@@ -21,8 +21,9 @@ ANNOTATED_MAX_CLASSES = 20
 # Figures 7 inches wide at 110 dpi (770 px): readable on a laptop screen and in MLflow's artifact view
 # without zooming, their labels at 9-10 pt
 FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
+# the variants are named, not the LM they start from: the summary's "started from" line says whether it was adapted
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
-         "ulmfit": "ULMFiT (adapted LM)", "plain": "plain finetune (adapted LM)", "from_scratch": "from scratch",
+         "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
          "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR",
          "student_int8": "student, int8 (ONNX Runtime)"}
 # the train-only baselines, each also as "<name>_full_train": lib.baselines (TF-IDF + logistic regression) and

@@ -39,7 +39,7 @@ from lib.classifier import META_FILE
 from lib.config import Params, load_params, stage_params
 from lib.efficiency import onnx_latency, profile
 from lib.errors import UserError, run_main
-from lib.evaluation import add_retention, evaluate_typed_task
+from lib.evaluation import add_retention, evaluate_typed_task, variant_means
 from lib.io import atomic_dir, check_writable, write_csv, write_json
 from lib.metrics import compute_metrics, confusion_matrix
 from lib.raw import localize
@@ -146,9 +146,7 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
             if first:
                 result["confusion"][role] = confusion_matrix(predicted, labels, n_classes).tolist()
         if first and finetuned:
-            for variant, summary in finetuned["variants"].items():
-                scores[variant] = {k: v for m, s in summary.get("eval", {}).items()
-                                   for k, v in ((m, s["mean"]), (f"{m}_std", s["std"]))}
+            scores.update(variant_means(finetuned))
         print(f"{name} {split}: TF-IDF baseline on {len(rows.train)} train examples", flush=True)
         baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
         scores["tfidf"] = tfidf_scores(baseline)

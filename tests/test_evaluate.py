@@ -273,3 +273,15 @@ def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
     results = {"imdb": {"metric": "accuracy"}, "stsb": {"type": "regression", "note": "... classification-only ..."}}
     assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
         (tmp_path / "finetune/imdb", "imdb-teacher"), (tmp_path / "distill/imdb", "imdb-student")]
+
+
+def test_a_variants_spread_is_shown_only_over_several_seeds():
+    """One seed has no std: the report printed "86.9 ± 0.0" for a single run (a GPU run of the MiniLM targets)."""
+    from lib.evaluation import variant_means
+    from lib.report import fmt
+    finetuned = {"variants": {
+        "plain": {"eval": {"f1": {"mean": 0.869, "std": 0.0, "seeds": [0.869]}}},
+        "ulmfit": {"eval": {"f1": {"mean": 0.8, "std": 0.02, "seeds": [0.78, 0.81, 0.81]}}}}}
+    means = variant_means(finetuned)
+    assert means == {"plain": {"f1": 0.869}, "ulmfit": {"f1": 0.8, "f1_std": 0.02}}
+    assert (fmt(means["plain"], "f1"), fmt(means["ulmfit"], "f1")) == ("86.9", "80.0 ± 2.0")

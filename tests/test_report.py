@@ -33,7 +33,7 @@ def test_fmt_shows_percent_and_std():
 def test_markdown_tables_name_every_model_and_the_student_figures():
     text = markdown(RESULTS, ["scores.png"])
     assert "| teacher (best finetuned) | 84.0 |" in text
-    assert "| ULMFiT (adapted LM) | 80.0 ± 1.0 |" in text
+    assert "| ULMFiT | 80.0 ± 1.0 |" in text
     assert "| TF-IDF + LR (same 3,000 train as finetuning) | 86.0 |" in text
     assert "| TF-IDF + LR (all 24,000 train) | 90.0 |" in text
     assert "| TF-IDF + LR (all 2,233 train) | 50.0 |" in text  # not finetuned, or finetuned on all of train
