@@ -136,7 +136,7 @@ class Classifier(nn.Module):
     def classify(self, features: torch.Tensor) -> torch.Tensor:
         """The head's outputs, in fp32 even under bf16 autocast. The frozen probe's head has its features'
         standardisation folded in: weights W / std and a bias that cancels W / std · mean, which bf16's 8
-        bits of mantissa cannot carry (an IMDb probe that scored 56.7% in finetune scored 48.3% served in
+        significant bits cannot carry (an IMDb probe that scored 56.7% in finetune scored 48.3% served in
         bf16). The head is a small share of the model's compute."""
         with torch.autocast(features.device.type, enabled=False):
             return self.head(features.float())
