@@ -99,3 +99,15 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
                 "text_pair_field": "hypothesis" if pairs else None}
     save_classifier(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding})
     return out_dir
+
+
+def skip_unless_cpu_bf16() -> None:
+    """Skip the calling test where bf16 autocast crashes this CPU: the probe finds out in a child process
+    (cached), so a crash there is not the test process's."""
+    import pytest
+
+    from lib import runtime
+
+    probe = runtime.cpu_bf16_probe()
+    if probe.outcome == "crash":
+        pytest.skip(f"bf16 autocast crashes on this CPU (the bf16 probe's matmul died with {probe.failure})")

@@ -8,13 +8,12 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from lib import runtime
 from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.config import FinetuneConfig, ImplConfig
 from lib.finetune import FullTrainer, ProbeTrainer, run_variant, setup
 from lib.model import Transformer, TransformerConfig
 from lib.tasks import Example, TaskData, collate
-from tests.helpers import stub_tokenizer_dir
+from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
 CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, lr=3e-3, plain_lr=1e-3, scratch_lr=3e-3,
@@ -141,9 +140,7 @@ def test_a_folded_probe_predicts_the_same_under_bf16_autocast(tmp_path):
     Features far from zero with a small spread (as max-pooled states are) make that cancellation
     large: in bf16 the logits were noise (an IMDb teacher scored 56.7% in finetune, 48.3% served in
     bf16). The head runs in fp32 whatever the autocast, so the served model predicts what finetune scored."""
-    probe = runtime.cpu_bf16_probe()  # in a child process, cached: a crash there is not this process's
-    if probe.outcome == "crash":
-        pytest.skip(f"bf16 autocast crashes on this CPU (the bf16 probe's matmul died with {probe.failure})")
+    skip_unless_cpu_bf16()
     task = toy_task()
     adapted = backbone()
     with torch.no_grad():  # features of mean ~40 and std ~0.1: far from zero, narrowly spread

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import runtime
 from lib.config import ModelConfig
 from lib.errors import UserError
 from lib.model import (EXPORT_KEY, Transformer, TransformerConfig, alibi_slopes, apply_rope, load_model, rope_cache,
                        save_model)
+from tests.helpers import skip_unless_cpu_bf16
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]
 VOCAB = 50
@@ -311,9 +311,7 @@ def test_attention_bias_combines_alibi_causal_and_padding():
 @pytest.mark.parametrize("position", ["rope", "alibi"])
 def test_runs_under_bf16_autocast(position):
     """float32 RoPE tables and ALiBi biases meet bf16 activations; autocast casts them for SDPA."""
-    probe = runtime.cpu_bf16_probe()  # in a child process, cached: a crash there is not this process's
-    if probe.outcome == "crash":
-        pytest.skip(f"bf16 autocast crashes on this CPU (the bf16 probe's matmul died with {probe.failure})")
+    skip_unless_cpu_bf16()
     model = build(position=position, causal=True)
     ids = tokens()
     with torch.autocast("cpu", dtype=torch.bfloat16):
