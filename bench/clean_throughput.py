@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from lib.clean import CleanStats, DocumentCleaner, build_contamination_index  # noqa: E402
-from lib.config import CleanConfig  # noqa: E402
+from lib.config.params import CleanConfig  # noqa: E402
+from lib.data.clean import CleanStats, DocumentCleaner, build_contamination_index  # noqa: E402
 
 DATA = ROOT.parent / "shared/data"  # ../shared/data, as in params.yaml
 

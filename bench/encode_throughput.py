@@ -21,10 +21,10 @@ from typing import Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from lib.config import TokenizerConfig  # noqa: E402
-from lib.errors import run_main  # noqa: E402
-from lib.packed import EncodeStats, encode_to_packed  # noqa: E402
-from lib.tokenizer import load_tokenizer, special_ids, train_tokenizer  # noqa: E402
+from lib.config.params import TokenizerConfig  # noqa: E402
+from lib.core.errors import run_main  # noqa: E402
+from lib.data.packed import EncodeStats, encode_to_packed  # noqa: E402
+from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer  # noqa: E402
 
 DATA = ROOT.parent / "shared/data/wikipedia_en/train.jsonl.gz"  # ../shared/data, as in params.yaml
 

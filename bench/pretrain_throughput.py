@@ -10,7 +10,7 @@ For each shape it times a full train step (forward, backward, AdamW step, zero_g
      max positions, dropout 0.1, exact GELU, tied embeddings, attn_implementation="sdpa"), eager;
   4. the HF model under torch.compile.
 Every model trains on one fixed batch of random tokens (seed fixed) under bf16 autocast or in fp32
-(--precision auto, the default, resolves as the stages do: bf16 on CUDA, on CPU only where lib.runtime's
+(--precision auto, the default, resolves as the stages do: bf16 on CUDA, on CPU only where lib.core.runtime's
 probe found bf16 matmuls faster), with AdamW over the trainer's parameter groups (fused on CUDA). After the warmup steps (which include
 compilation) the timed steps give tokens/s = batch x seq_len x steps / seconds; on CUDA the clock is
 read after torch.cuda.synchronize(). MFU = Transformer.flops_per_token x tokens/s / the GPU's dense
@@ -20,7 +20,7 @@ What is fair and what is not:
 - Same architecture and parameter count: BERT rows are post-LN with segment embeddings, GPT-2 rows
   pre-LN without. Ours has a few more parameters at the GPT-2 shape (an embedding LayerNorm and BERT's
   dense+LayerNorm prediction head, ~0.5%); both counts are printed. Ours also stores its embedding
-  table padded to a multiple of 64 rows (50304 for GPT-2's 50257), as lib/model.py always does: the
+  table padded to a multiple of 64 rows (50304 for GPT-2's 50257), as lib/models/transformer.py always does: the
   logits of the padding are sliced off, so it computes the same function. MFU counts the real vocabulary.
 - MLM: ours masks inside the timed step (new masks every step, as in training) and computes the
   vocabulary logits at the ~15% selected positions only. HF is given inputs masked once beforehand
@@ -52,14 +52,14 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from lib import runtime  # noqa: E402
-from lib.config import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
-from lib.errors import run_main  # noqa: E402
-from lib.model import Transformer, TransformerConfig, one_line  # noqa: E402
+from lib.config.params import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
+from lib.core import runtime  # noqa: E402
+from lib.core.errors import one_line, run_main  # noqa: E402
+from lib.models.transformer import Transformer, TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
-from lib.fit import adamw  # noqa: E402
-from lib.trainer import PEAK_BF16_FLOPS  # noqa: E402
+from lib.training.fit import adamw  # noqa: E402
+from lib.training.trainer import PEAK_BF16_FLOPS  # noqa: E402
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}  # random tokens are drawn above these
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -218,7 +218,7 @@ def main() -> None:
                         help="all = bert-base and gpt2-small on CUDA, tiny on CPU")
     parser.add_argument("--batch", type=int, help="sequences per step (default: the shape's)")
     parser.add_argument("--precision", choices=runtime.PRECISIONS, default="auto",
-                        help="bf16 = bf16 autocast; auto = bf16 on CUDA, on CPU where it is faster (lib/runtime.py)")
+                        help="bf16 = bf16 autocast; auto = bf16 on CUDA, on CPU where it is faster (lib/core/runtime.py)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="eager runs only")
     parser.add_argument("--warmup", type=int,
                         help="untimed steps first, compilation included (default 10 on CUDA, 3 on CPU)")

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import torch
 
-from lib import distributed, tracking
-from lib.config import load_params, stage_params
-from lib.errors import run_main
-from lib.io import atomic_dir, check_writable, write_csv, write_json
-from lib.lm import CURVES, LMPaths, train_language_model
-from lib.model import read_config
+from lib.config.params import load_params, stage_params
+from lib.core import tracking
+from lib.core.errors import run_main
+from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.folder import read_config
 from lib.objectives import build_objective, fitting_objective, load_objective
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.training import distributed
+from lib.training.lm import CURVES, LMPaths, train_language_model
 
 
 def main() -> None:

@@ -9,14 +9,14 @@ import argparse
 import json
 from pathlib import Path
 
-from lib import tracking
-from lib.clean import DocumentCleaner, build_contamination_index
-from lib.config import load_params, stage_params
-from lib.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
-from lib.errors import run_main
-from lib.io import atomic_dir, check_writable, write_csv, write_json
-from lib.progress import Progress
-from lib.raw import IDENTITY_FILE, localize, read_eval_text_spec
+from lib.config.params import load_params, stage_params
+from lib.core import tracking
+from lib.core.errors import run_main
+from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.progress import Progress
+from lib.data.clean import DocumentCleaner, build_contamination_index
+from lib.data.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
+from lib.data.raw import IDENTITY_FILE, localize, read_eval_text_spec
 
 
 def main() -> None:

@@ -2,20 +2,20 @@
 
 A hub id is read from its copy in `data.mirror` when there is one, else from the hub at its pinned
 revision; a local source's files are copied. The stages after this one read data/raw only, so DVC
-tracks their inputs by content (lib/raw.py). A source already in data/raw with the same identity is
+tracks their inputs by content (lib/data/raw.py). A source already in data/raw with the same identity is
 kept, so the stage (which DVC always runs, to see edits of local sources) costs seconds when nothing
 changed. Writes the metrics JSON: per name, its source, who uses it, where the rows came from, rows per split;
 and data/raw/eval_texts.json, each task's evaluation splits and text fields, which `clean` removes from
-the LM corpora (lib.raw.eval_text_spec).
+the LM corpora (lib.data.raw.eval_text_spec).
 """
 import argparse
 from pathlib import Path
 
-from lib import tracking
-from lib.config import load_params, stage_params
-from lib.errors import run_main
-from lib.io import check_writable, write_json
-from lib.raw import read_all, up_to_date, write_eval_text_spec
+from lib.config.params import load_params, stage_params
+from lib.core import tracking
+from lib.core.errors import run_main
+from lib.core.io import check_writable, write_json
+from lib.data.raw import read_all, up_to_date, write_eval_text_spec
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
-"""Stage `distill`: a smaller student per task from its finetuned teacher (lib/distill.py).
+"""Stage `distill`: a smaller student per task from its finetuned teacher (lib/training/distill.py).
 
 For every task in distill.tasks it loads the teacher the finetune stage kept (--teachers/<task>),
-the same train/dev/eval examples finetune used (read as the task's type reads them, lib/tasktypes),
+the same train/dev/eval examples finetune used (read as the task's type reads them, lib/tasks),
 and, for a classification task where distill.unlabeled names a split, that many in-domain texts for
 the teacher to label; trains the student and writes:
-- --out/<task>/: the student classifier (lib/classifier.py format, with the task's type, label names,
+- --out/<task>/: the student classifier (lib/models/classifier.py format, with the task's type, label names,
   tokenizer and the teacher's type info: regression's target scale, the units its outputs are in);
 - the metrics JSON: per task, teacher and student scores on dev and the evaluation split, the share
   of the teacher's score the student keeps, sizes, transfer-set counts and timings;
@@ -18,19 +18,20 @@ import json
 import shutil
 from pathlib import Path
 
-from lib import distributed, runtime, tracking
-from lib.checkpoint import fingerprint
-from lib.classifier import load_classifier, save_classifier
-from lib.config import ParamsError, load_params, stage_params
-from lib.distill import DistillResult, distill_task
-from lib.errors import UserError, run_main
-from lib.finetune import run_name
-from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
-from lib.raw import localize
-from lib.model import MODEL_FILE
-from lib.tasks import encode_rows, encode_task, example_hash, read_task, read_unlabeled
-from lib.tasktypes import TYPES
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.config.params import ParamsError, load_params, stage_params
+from lib.core import runtime, tracking
+from lib.core.errors import UserError, run_main
+from lib.core.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
+from lib.data.raw import localize
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.classifier import load_classifier, save_classifier
+from lib.models.folder import MODEL_FILE
+from lib.tasks import TYPES
+from lib.tasks.shared import encode_rows, encode_task, example_hash, read_task, read_unlabeled
+from lib.training import distributed
+from lib.training.checkpoint import fingerprint
+from lib.training.distill import DistillResult, distill_task
+from lib.training.finetune import run_name
 
 STUDENT, RESULT = "student", "result.json"
 

@@ -2,7 +2,7 @@
 
 For every task in finetune.tasks, on each labeled split of its eval_splits (the examples finetune
 evaluates, finetune.max_eval_examples of them), it scores:
-- the teacher (finetune's best classifier) and the student (distill's), through lib.predict, the
+- the teacher (finetune's best classifier) and the student (distill's), through lib.serving.predict, the
   way a user classifies raw strings, at deployment precision;
 - every finetune variant, as mean ± std over seeds, from the finetune metrics (first split only:
   that is where finetune evaluates them);
@@ -14,11 +14,11 @@ of teacher, student and the TF-IDF baseline), and reports/ (summary.md, headed b
 digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to the
 MLflow parent run; the teacher and student are logged as MLflow pyfunc models.
 
-A task of another type (regression, tagging, span_qa, multiple_choice) is scored by lib.evaluation, as
+A task of another type (regression, tagging, span_qa, multiple_choice) is scored by lib.evaluation.evaluate, as
 finetune scores it, beside finetune's variants and its type's train-only baseline, sized and timed; ONNX,
 zero-shot and pyfunc, classification-only, are noted as not run.
 
-ONNX (lib.onnx_export): teacher and student are exported in memory and timed in ONNX Runtime on CPU
+ONNX (lib.serving.onnx_export): teacher and student are exported in memory and timed in ONNX Runtime on CPU
 at batch 1, on torch's CPU threads, beside their PyTorch CPU latency; the student's graph with int8
 weights (ONNX Runtime's dynamic quantization), what a CPU deployment would run, is scored on every
 split the student is and timed the same way.
@@ -33,22 +33,22 @@ from pathlib import Path
 
 import torch
 
-from lib import runtime, tracking
-from lib.baselines import tfidf_baseline, zero_shot, zero_shot_problem
-from lib.classifier import META_FILE
-from lib.config import Params, load_params, stage_params
-from lib.efficiency import onnx_latency, profile
-from lib.errors import UserError, run_main
-from lib.evaluation import add_retention, evaluate_typed_task, variant_means
-from lib.io import atomic_dir, check_writable, write_csv, write_json
-from lib.metrics import compute_metrics, confusion_matrix
-from lib.raw import localize
-from lib.model import load_model
-from lib.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
-from lib.predict import TextClassifier, log_pyfunc
-from lib.report import write_report
-from lib.tasks import read_task
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.config.params import Params, load_params, stage_params
+from lib.core import runtime, tracking
+from lib.core.errors import UserError, run_main
+from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.data.raw import localize
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.evaluation.baselines import tfidf_baseline, zero_shot, zero_shot_problem
+from lib.evaluation.efficiency import onnx_latency, profile
+from lib.evaluation.evaluate import add_retention, evaluate_typed_task, variant_means
+from lib.evaluation.metrics import compute_metrics, confusion_matrix
+from lib.evaluation.report import write_report
+from lib.models.classifier import META_FILE
+from lib.models.folder import load_model
+from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
+from lib.serving.predict import TextClassifier, log_pyfunc
+from lib.tasks.shared import read_task
 
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
@@ -90,7 +90,7 @@ def main() -> None:
             if task_cfg.type == "classification":
                 results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                               lm_tokenizer, special, params)
-            else:  # scored as finetune scores the type (lib.evaluation); ONNX, zero-shot, pyfunc noted as not run
+            else:  # scored as finetune scores the type (lib.evaluation.evaluate); ONNX, zero-shot, pyfunc noted as not run
                 results[name] = evaluate_typed_task(name, task_cfg, models, finetuned.get(name), distilled.get(name),
                                                     lm_tokenizer, special, params)
         provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
@@ -101,7 +101,7 @@ def main() -> None:
 
 def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str]]:
     """(folder, artifact name) of each teacher and student logged as an MLflow pyfunc model: those of the
-    classification tasks, which lib.predict serves (the other types' results have a `type` and say so)."""
+    classification tasks, which lib.serving.predict serves (the other types' results have a `type` and say so)."""
     return [(folder / name, f"{name}-{role}") for name, r in results.items() if "type" not in r
             for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 

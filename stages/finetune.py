@@ -1,8 +1,8 @@
 """Stage `finetune` (ULMFiT step 3): a model for each task x variant x seed, from the adapted model.
 
-For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasktypes/), trains each variant
-(ulmfit, plain, from_scratch, frozen; lib/finetune.py) once per seed, and writes:
-- --out/<task>/: the model with the best dev score of all its runs (lib/classifier.py format, with
+For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasks/), trains each variant
+(ulmfit, plain, from_scratch, frozen; lib/training/finetune.py) once per seed, and writes:
+- --out/<task>/: the model with the best dev score of all its runs (lib/models/classifier.py format, with
   the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
@@ -16,18 +16,19 @@ import shutil
 import statistics
 from pathlib import Path
 
-from lib import distributed, runtime, tracking
-from lib.classifier import load_classifier, save_classifier
-from lib.checkpoint import fingerprint
-from lib.config import load_params, stage_params
-from lib.errors import run_main
-from lib.finetune import RunResult, run_name, run_variant
-from lib.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
-from lib.raw import localize
-from lib.model import MODEL_FILE, load_model
-from lib.progress import Progress, RunTimes, duration
-from lib.tasktypes import TYPES
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.config.params import load_params, stage_params
+from lib.core import runtime, tracking
+from lib.core.errors import run_main
+from lib.core.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
+from lib.core.progress import Progress, RunTimes, duration
+from lib.data.raw import localize
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.classifier import load_classifier, save_classifier
+from lib.models.folder import MODEL_FILE, load_model
+from lib.tasks import TYPES
+from lib.training import distributed
+from lib.training.checkpoint import fingerprint
+from lib.training.finetune import RunResult, run_name, run_variant
 
 BEST = "best"
 

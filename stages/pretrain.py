@@ -5,7 +5,7 @@ ELECTRA `objective.safetensors` with the generator) to --out, final metrics to t
 the training/validation curves as plot CSVs. Checkpoints go to --checkpoints while it runs: killed
 and started again, it resumes from the last one.
 
-With `init` set the model is the checkpoint's (lib/hf.py), trained with the objective that fits it;
+With `init` set the model is the checkpoint's (lib/models/hf.py), trained with the objective that fits it;
 `pretrain.with_init: keep` writes it out unchanged (no curves), `continue` pretrains it further.
 """
 import argparse
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from lib import distributed, tracking
-from lib.config import load_params, stage_params
-from lib.errors import run_main
-from lib.io import check_writable
-from lib.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
+from lib.config.params import load_params, stage_params
+from lib.core import tracking
+from lib.core.errors import run_main
+from lib.core.io import check_writable
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.objectives import build_objective
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.training import distributed
+from lib.training.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Stage `tokenizer`: train a tokenizer on cleaned pretraining text, encode the corpora to packed tokens.
 
 With `init` set, the checkpoint's own tokenizer (its vocabulary, lowercasing and special tokens) is
-taken instead of training one (lib/hf.py), and the corpora are encoded with it.
+taken instead of training one (lib/models/hf.py), and the corpora are encoded with it.
 
 Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram) and, for
 each corpus and split, `<corpus>/<split>.{bin,idx,wstart,json}`, replaced together, so token files
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from lib import tracking
-from lib.config import load_params, stage_params
-from lib.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
-from lib.errors import run_main
-from lib.hf import checkpoint_folder, save_tokenizer
-from lib.io import atomic_dir, check_writable, write_csv, write_json
-from lib.packed import PackedTokens, encode_to_packed
-from lib.progress import Progress
-from lib.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
+from lib.config.params import load_params, stage_params
+from lib.core import tracking
+from lib.core.errors import run_main
+from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.progress import Progress
+from lib.data.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
+from lib.data.packed import PackedTokens, encode_to_packed
+from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
+from lib.models.hf import checkpoint_folder, save_tokenizer
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 

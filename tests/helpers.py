@@ -59,7 +59,7 @@ def stub_tokenizer_dir(folder: Path) -> Path:
 
 
 # A tiny classifier folder on a real (tiny) tokenizer, for the tests of what reads classifier folders
-# (lib.predict, ONNX, transformers).
+# (lib.serving.predict, ONNX, transformers).
 TINY_LABELS = ["negative", "neutral", "positive"]
 TINY_MAX_LEN = 16
 TINY_CORPUS = ["the film was good and the actors were great", "a dull plot with bad acting and a long ending",
@@ -70,8 +70,8 @@ TINY_TEXTS = ["A wonderful film.", "Dull and far too long.", "", "the actors wer
 
 def tiny_tokenizer(out_dir: Path) -> Path:
     """A 120-token WordPiece tokenizer trained on TINY_CORPUS."""
-    from lib.config import TokenizerConfig
-    from lib.tokenizer import train_tokenizer
+    from lib.config.params import TokenizerConfig
+    from lib.data.tokenizer import train_tokenizer
 
     train_tokenizer(TINY_CORPUS * 4, TokenizerConfig(algorithm="wordpiece", vocab_size=120, min_frequency=1), out_dir)
     return out_dir
@@ -83,9 +83,9 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
     its weights drawn wide enough that texts get different labels, saved by save_classifier."""
     import torch
 
-    from lib.classifier import Classifier, HeadConfig, save_classifier
-    from lib.model import Transformer, TransformerConfig
-    from lib.tokenizer import load_tokenizer
+    from lib.models.classifier import Classifier, HeadConfig, save_classifier
+    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.data.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     cfg = TransformerConfig(**{"vocab_size": load_tokenizer(tokenizer_dir).get_vocab_size(), "d_model": 32,
@@ -106,7 +106,7 @@ def skip_unless_cpu_bf16() -> None:
     (cached), so a crash there is not the test process's."""
     import pytest
 
-    from lib import runtime
+    from lib.core import runtime
 
     probe = runtime.cpu_bf16_probe()
     if probe.outcome == "crash":

@@ -1,5 +1,5 @@
-"""For the task-type tests: tokenizers (tiny ones of each algorithm lib.tokenizer trains, and MiniLM's
-WordPiece tokenizer.json as lib.hf imports it, specials as role -> id), a one-thread fixture, and a
+"""For the task-type tests: tokenizers (tiny ones of each algorithm lib.data.tokenizer trains, and MiniLM's
+WordPiece tokenizer.json as lib.models.hf imports it, specials as role -> id), a one-thread fixture, and a
 tiny backbone trained with a task type's head on one batch."""
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.config import FinetuneConfig, SpecialTokens, TokenizerConfig
-from lib.finetune import setup
-from lib.hf import import_tokenizer
-from lib.model import Transformer, TransformerConfig
-from lib.tasks import TaskData
-from lib.tasktypes import TYPES
-from lib.tokenizer import special_ids, train_tokenizer
+from lib.config.params import FinetuneConfig, SpecialTokens, TokenizerConfig
+from lib.data.tokenizer import special_ids, train_tokenizer
+from lib.models.hf import import_tokenizer
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks import TYPES
+from lib.tasks.shared import TaskData
+from lib.training.finetune import setup
 from tests.helpers import ROOT
 
 MINILM = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2"
@@ -82,8 +82,8 @@ def toy_task(task_type: str, examples: list, label_names: list[str] = (), **info
 
 def fit_on_one_batch(vocab_size: int, task: TaskData, batch: dict[str, torch.Tensor], steps: int,
                      max_positions: int = 64) -> torch.Tensor:
-    """A 1-layer, 32-wide lib.model backbone (seed 0) with the plain head of the task's type
-    (lib.finetune.setup, no dropout), trained by Adam for `steps` steps on the type's loss on one
+    """A 1-layer, 32-wide lib.models.transformer backbone (seed 0) with the plain head of the task's type
+    (lib.training.finetune.setup, no dropout), trained by Adam for `steps` steps on the type's loss on one
     batch, through the type's forward; the last outputs."""
     torch.manual_seed(0)
     backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,

@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from lib.baselines import label_scores, tfidf_baseline, zero_shot
-from lib.config import SpecialTokens, TokenizerConfig
-from lib.model import Transformer, TransformerConfig
-from lib.tasks import Row, TaskRows, _cut, _pair_lengths
-from lib.tokenizer import special_ids, train_tokenizer
+from lib.config.params import SpecialTokens, TokenizerConfig
+from lib.data.tokenizer import special_ids, train_tokenizer
+from lib.evaluation.baselines import label_scores, tfidf_baseline, zero_shot
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks.shared import Row, TaskRows, _cut, _pair_lengths
 
 FILLER = "the a of to in movie film plot actor scene story music ending first last very quite".split()
 CUES = (["great", "love", "best", "funny"], ["awful", "boring", "worst", "hate"], ["long", "short", "odd", "new"])

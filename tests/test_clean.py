@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from lib.clean import REWRITE_RULES, CleanStats, DocumentCleaner, build_contamination_index, clean_text, \
+from lib.data.clean import REWRITE_RULES, CleanStats, DocumentCleaner, build_contamination_index, clean_text, \
     filter_reason, letter_ratio
-from lib.config import CleanConfig, CorpusConfig, DecontaminateConfig
-from lib.corpus import planned_docs
+from lib.config.params import CleanConfig, CorpusConfig, DecontaminateConfig
+from lib.data.corpus import planned_docs
 
 ONLY = {rule: CleanConfig(**{other: other == rule for other in REWRITE_RULES}) for rule in REWRITE_RULES}
 CFG = CleanConfig(min_chars=50, max_chars=5000, workers=1, batch_docs=4)

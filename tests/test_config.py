@@ -1,7 +1,7 @@
 """params.yaml validation: every mistake stops at start with one line naming the key."""
 import pytest
 
-from lib.config import ParamsError, flatten, load_params
+from lib.config.params import ParamsError, flatten, load_params
 from tests.helpers import write_params
 
 

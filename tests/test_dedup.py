@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from lib.dedup import ContaminationIndex, LSHIndex, MinHasher, exact_key, window_hashes, word_hashes
+from lib.data.dedup import ContaminationIndex, LSHIndex, MinHasher, exact_key, window_hashes, word_hashes
 
 
 def random_words(n: int, seed: int) -> list[str]:

@@ -10,18 +10,18 @@ import math
 import pytest
 import torch
 
-import lib.distill as distill
+import lib.training.distill as distill
 import stages.distill
-from lib import tracking
-from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
-from lib.config import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
-from lib.distributed import Context
-from lib.distill import (SOFT_LOSSES, build_student, distill_task, hidden_loss, masked_soft_loss, patient_loss,
+from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
+from lib.core import tracking
+from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.training.distributed import Context
+from lib.training.distill import (SOFT_LOSSES, build_student, distill_task, hidden_loss, masked_soft_loss, patient_loss,
                          soft_loss, span_soft_loss, student_plan, teacher_outputs, token_soft_loss)
-from lib.errors import UserError
-from lib.finetune import run_variant, score_split
-from lib.tasks import UNLABELED, Example, TaskData
-from lib.tasktypes import TYPES, multiple_choice, regression, span_qa, tagging
+from lib.core.errors import UserError
+from lib.tasks import TYPES, multiple_choice, regression, span_qa, tagging
+from lib.tasks.shared import UNLABELED, Example, TaskData
+from lib.training.finetune import run_variant, score_split
 from tests.helpers import write_jsonl_gz
 from tests import tasktype_helpers
 from tests.test_finetune import BOS, CFG, EOS, PAD, VOCAB, backbone, toy_task

@@ -17,16 +17,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from lib import distributed
-from lib.config import ModelConfig
-from lib.data import WindowBatches, fixed_windows
-from lib.errors import UserError
-from lib.distill import distill_task
-from lib.finetune import run_variant
+from lib.config.params import ModelConfig
+from lib.core.errors import UserError
+from lib.data.packed import PackedTokens
+from lib.data.windows import WindowBatches, fixed_windows
 from lib.objectives import build_objective, save_objective
-from lib.tasks import UNLABELED, Example
-from lib.packed import PackedTokens
-from lib.trainer import Trainer
+from lib.tasks.shared import UNLABELED, Example
+from lib.training import distributed
+from lib.training.distill import distill_task
+from lib.training.finetune import run_variant
+from lib.training.trainer import Trainer
 from tests import test_distill, test_finetune
 from tests.test_objectives import SPECIAL, tiny_params
 from tests.test_trainer import CFG, FP32, VOCAB, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)

@@ -2,6 +2,7 @@
 so editing one reruns exactly the stages whose results it can change; outputs persist (a failed stage
 leaves the last good ones); and each stage script keys its saved progress on dvc.yaml's params list."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,11 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-def imports_of(path: Path) -> set[Path]:
+@functools.cache
+def imports_of(path: Path) -> frozenset[Path]:
     """Project files that `path` imports anywhere in it (function-level imports too): `from lib import x`
-    names the module lib.x, `from lib.x import y` the module lib.x (or lib.x.y when that is a module)."""
+    names the module lib.x, `from lib.x import y` the module lib.x (or lib.x.y when that is a module),
+    and every package above a module (its __init__.py runs first)."""
     found = set()
     for node in ast.walk(ast.parse((ROOT / path).read_text())):
         if isinstance(node, ast.Import):
@@ -34,10 +37,12 @@ def imports_of(path: Path) -> set[Path]:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
+        # importing lib.a.b runs lib/a/__init__.py first
+        names += [".".join(name.split(".")[:n]) for name in names for n in range(2, name.count(".") + 1)]
         found |= {f for f in map(module_file, names) if f is not None}
     if path.name == "__init__.py" and path.parent.name == "objectives":  # it imports every module beside it
         found |= {p.relative_to(ROOT) for p in (ROOT / path.parent).glob("*.py")}
-    return found
+    return frozenset(found)
 
 
 def docstring_only(path: Path) -> bool:
@@ -59,7 +64,7 @@ def closure(script: Path) -> set[Path]:
 
 def test_the_closure_follows_imports():
     files = closure(Path("stages/pretrain.py"))
-    assert {Path("lib/trainer.py"), Path("lib/distributed.py"), Path("lib/objectives/electra.py")} <= files
+    assert {Path("lib/training/trainer.py"), Path("lib/training/distributed.py"), Path("lib/objectives/electra.py")} <= files
     assert Path("lib/__init__.py") not in files and docstring_only(Path("lib/__init__.py"))
 
 
@@ -86,5 +91,5 @@ def test_outputs_persist(stage):
 
 @pytest.mark.parametrize("stage", DVC)
 def test_stage_scripts_key_their_params_on_dvc_yaml(stage):
-    """The script reads its params list from dvc.yaml (lib.config.stage_params), no second list."""
+    """The script reads its params list from dvc.yaml (lib.config.params.stage_params), no second list."""
     assert f'stage_params(params, "{stage}")' in (ROOT / f"stages/{stage}.py").read_text()

@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from lib.classifier import Classifier, HeadConfig, save_classifier
-from lib.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
-from lib.model import Transformer, TransformerConfig
+from lib.evaluation.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
+from lib.models.classifier import Classifier, HeadConfig, save_classifier
+from lib.models.transformer import Transformer, TransformerConfig
 from tests.helpers import stub_tokenizer_dir
 
 SEQ_LEN = 24

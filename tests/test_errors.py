@@ -1,5 +1,5 @@
 """One-line messages: credentials never reach what the project prints."""
-from lib.errors import describe, redact
+from lib.core.errors import describe, redact
 
 
 def test_redact_masks_url_passwords_secret_query_values_and_mlflow_credentials(monkeypatch):

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 import stages.evaluate
-from lib import tracking
-from lib.config import EvaluateConfig, FinetuneConfig, Params, TaskConfig, ZeroShotConfig
+from lib.config.params import EvaluateConfig, FinetuneConfig, Params, TaskConfig, ZeroShotConfig
+from lib.core import tracking
 from tests.helpers import write_jsonl_gz
 
 WORDS = ["great", "awful", "odd"]
@@ -115,7 +115,7 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
     assert result["onnx"]["student_int8"]["disk_bytes"] < result["onnx"]["student"]["disk_bytes"]
 
 
-# The other task types (lib.evaluation): a tiny task of each, a tiny teacher and student saved as finetune
+# The other task types (lib.evaluation.evaluate): a tiny task of each, a tiny teacher and student saved as finetune
 # and distill save them, scored through the stage's evaluate path.
 NAMES = ["Rollo", "Paris", "Normandy", "William", "England", "Frankish"]
 TAGS = {"Rollo": "PER", "William": "PER", "Paris": "LOC", "Normandy": "LOC", "England": "LOC", "Frankish": "MISC"}
@@ -152,11 +152,11 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     split and an unlabeled test split, a tiny teacher and student saved with the task's type and info."""
     import torch
 
-    from lib.classifier import Classifier, save_classifier
-    from lib.finetune import setup
-    from lib.model import Transformer, TransformerConfig
-    from lib.tasktypes import TYPES
-    from lib.tokenizer import load_tokenizer, saved_special_ids
+    from lib.models.classifier import Classifier, save_classifier
+    from lib.training.finetune import setup
+    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.tasks import TYPES
+    from lib.data.tokenizer import load_tokenizer, saved_special_ids
     from tests.helpers import tiny_tokenizer
 
     folder = tmp_path / task_type
@@ -196,9 +196,9 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     """Teacher, student, the finetune variants' means and the type's baseline (on finetune's 20 train
     examples and on all of train) on the labeled split, in each type's metric names; the unlabeled split
     and what is classification-only are said, not skipped; figures' data and the report follow."""
-    from lib.config import TYPE_METRICS
-    from lib.evaluation import BASELINES
-    from lib.tokenizer import load_tokenizer, saved_special_ids
+    from lib.config.params import TYPE_METRICS
+    from lib.evaluation.evaluate import BASELINES
+    from lib.data.tokenizer import load_tokenizer, saved_special_ids
 
     task_cfg, params, models = typed_task(task_type, tmp_path)
     write_jsonl_gz(tmp_path / task_type / "test.jsonl.gz", [{"text": "no labels"}])
@@ -254,9 +254,9 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
 def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path):
     """train_items selects as the type's load does: the same number of train items, none of dev's, and
     all of train but dev when finetuning takes all of it."""
-    from lib.evaluation import train_items
-    from lib.tasktypes import TYPES
-    from lib.tokenizer import load_tokenizer, saved_special_ids
+    from lib.evaluation.evaluate import train_items
+    from lib.tasks import TYPES
+    from lib.data.tokenizer import load_tokenizer, saved_special_ids
 
     task_cfg, _, models = typed_task("tagging", tmp_path)
     tokenizer, special = load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"])
@@ -277,8 +277,8 @@ def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
 
 def test_a_variants_spread_is_shown_only_over_several_seeds():
     """One seed has no std: the report printed "86.9 ± 0.0" for a single run (a GPU run of the MiniLM targets)."""
-    from lib.evaluation import variant_means
-    from lib.report import fmt
+    from lib.evaluation.evaluate import variant_means
+    from lib.evaluation.report import fmt
     finetuned = {"variants": {
         "plain": {"eval": {"f1": {"mean": 0.869, "std": 0.0, "seeds": [0.869]}}},
         "ulmfit": {"eval": {"f1": {"mean": 0.8, "std": 0.02, "seeds": [0.78, 0.81, 0.81]}}}}}

@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 
-from lib import checkpoint
-from lib.checkpoint import load_checkpoint, save_checkpoint
-from lib.distributed import full_state
-from lib.errors import run_main
-from lib.io import atomic_dir, write_json
+from lib.core.errors import run_main
+from lib.core.io import atomic_dir, write_json
+from lib.training import checkpoint
+from lib.training.checkpoint import load_checkpoint, save_checkpoint
+from lib.training.distributed import full_state
 from tests.helpers import ROOT, read_only_folder
 
 
@@ -80,8 +80,8 @@ def test_a_stage_stops_at_start_on_an_output_it_cannot_write(stage, tmp_path, mo
 
 
 def run_main_raising(error: str) -> subprocess.CompletedProcess:
-    """A stage process whose main() raises `error` (Python source) through lib.errors.run_main."""
-    code = f"import errno; from lib.errors import run_main\ndef main(): raise {error}\nrun_main(main)"
+    """A stage process whose main() raises `error` (Python source) through lib.core.errors.run_main."""
+    code = f"import errno; from lib.core.errors import run_main\ndef main(): raise {error}\nrun_main(main)"
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from lib.classifier import Classifier, HeadConfig, load_classifier, save_classifier
-from lib.config import FinetuneConfig, ImplConfig
-from lib.finetune import FullTrainer, ProbeTrainer, run_variant, setup
-from lib.model import Transformer, TransformerConfig
-from lib.tasks import Example, TaskData, collate
+from lib.config.params import FinetuneConfig, ImplConfig
+from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks.shared import Example, TaskData, collate
+from lib.training.finetune import FullTrainer, ProbeTrainer, run_variant, setup
 from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3

@@ -1,4 +1,4 @@
-"""The shared fit mechanics (lib/fit.py): the optimizer step's non-finite-loss rule, and the epoch
+"""The shared fit mechanics (lib/training/fit.py): the optimizer step's non-finite-loss rule, and the epoch
 loop's best epoch, patience and exact resume, through finetune's full variants."""
 import dataclasses
 import math
@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from lib.config import FinetuneConfig
-from lib.errors import UserError
-from lib.finetune import FullTrainer, run_variant, setup
-from lib.fit import EpochLoop, Stepper, adamw
+from lib.config.params import FinetuneConfig
+from lib.core.errors import UserError
+from lib.training.finetune import FullTrainer, run_variant, setup
+from lib.training.fit import EpochLoop, Stepper, adamw
 from tests.test_finetune import CFG, IMPL, PAD, backbone, toy_task
 
 

@@ -1,4 +1,4 @@
-"""Published checkpoints read into lib.model exactly (lib/hf.py): for each family a tiny random model
+"""Published checkpoints read into lib.models.transformer exactly (lib/models/hf.py): for each family a tiny random model
 built with transformers, saved, imported and compared with transformers on real sentences; and the
 real MiniLM checkpoint in ../shared/models."""
 import json
@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.config import load_params
-from lib.errors import UserError
-from lib.hf import export_family, import_model, import_tokenizer, resolve
-from lib.model import Transformer, TransformerConfig, load_model, save_model
+from lib.config.params import load_params
+from lib.core.errors import UserError
+from lib.models.hf import export_family, import_model, import_tokenizer, resolve
+from lib.models.folder import load_model, save_model
+from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.electra import Electra
 
 transformers = pytest.importorskip("transformers")
@@ -100,7 +101,7 @@ def compare(folder: Path, head_class=None) -> None:
         if head_class is not None:
             logits = head_class.from_pretrained(folder).eval()(**batch).logits
             assert (logits - imported.model.lm_logits(ours))[mask].abs().max() < TOL
-    # lib.model.load_model, the README's one-call loader, takes the folder as it is
+    # lib.models.folder.load_model, the README's one-call loader, takes the folder as it is
     assert torch.equal(load_model(folder).embeddings.token.weight, imported.model.embeddings.token.weight)
 
 

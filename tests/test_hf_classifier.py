@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from lib.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
-from lib.predict import TextClassifier
-from lib.tasks import encode
-from lib.tokenizer import load_tokenizer, saved_special_ids
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
+from lib.serving.predict import TextClassifier
+from lib.tasks.shared import encode
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -158,14 +158,14 @@ TYPE_META = {"regression": {"info": {"mean": 2.5, "std": 1.5}}, "multiple_choice
 @pytest.mark.parametrize("task_type, shape", [(t, "bert") for t in TYPE_EXPORTS] + [
     ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra")])
 def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, task_type, shape):
-    """The plain head of each type (lib.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
+    """The plain head of each type (lib.training.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
     model for the type gives our outputs (a regression model the score in label units), and the folder
     loads back into lib with the same weights."""
-    from lib.finetune import setup
-    from lib.model import Transformer, TransformerConfig
-    from lib.config import FinetuneConfig
-    from lib.tasks import TaskData
-    from lib.tasktypes import TYPES
+    from lib.training.finetune import setup
+    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.config.params import FinetuneConfig
+    from lib.tasks.shared import TaskData
+    from lib.tasks import TYPES
 
     fields = SHAPES[shape][0]
     torch.manual_seed(0)
@@ -208,8 +208,8 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
 
 
 def test_a_ulmfit_block_of_a_new_type_saves_lib_layout_with_the_reason(folders, tmp_path):
-    from lib.classifier import Classifier
-    from lib.model import Transformer, TransformerConfig
+    from lib.models.classifier import Classifier
+    from lib.models.transformer import Transformer, TransformerConfig
     cfg = TransformerConfig(vocab_size=load_tokenizer(folders["tok"]).get_vocab_size(), d_model=32, n_layers=1,
                             n_heads=2, d_ff=64, max_positions=TINY_MAX_LEN, norm="post")
     model = Classifier(Transformer(cfg), HeadConfig(3, "tokens", block=True, hidden=16))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from lib.errors import UserError
-from lib.io import JsonlGzWriter, atomic_dir, atomic_file, check_writable, write_json
+from lib.core.errors import UserError
+from lib.core.io import JsonlGzWriter, atomic_dir, atomic_file, check_writable, write_json
 from tests.helpers import read_only_folder
 
 

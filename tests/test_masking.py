@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.config import MLMConfig
+from lib.config.params import MLMConfig
 from lib.objectives.masking import IGNORE_INDEX, mask_tokens, span_lengths, span_mean, word_index
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}

@@ -11,7 +11,7 @@ import scipy.stats
 import seqeval.metrics
 import torch
 
-from lib.metrics import (apply_no_answer_threshold, best_no_answer_threshold, choice_accuracy, compute_metrics,
+from lib.evaluation.metrics import (apply_no_answer_threshold, best_no_answer_threshold, choice_accuracy, compute_metrics,
                          entity_scores, entity_spans, exact_match, normalize_answer, pearson, spearman, squad_scores,
                          token_f1)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.config import ModelConfig
-from lib.errors import UserError
-from lib.model import (EXPORT_KEY, Transformer, TransformerConfig, alibi_slopes, apply_rope, load_model, rope_cache,
-                       save_model)
+from lib.config.params import ModelConfig
+from lib.core.errors import UserError
+from lib.models.folder import EXPORT_KEY, load_model, save_model
+from lib.models.transformer import Transformer, TransformerConfig, alibi_slopes, apply_rope, rope_cache
 from tests.helpers import skip_unless_cpu_bf16
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.config import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params
-from lib.errors import UserError
-from lib.model import Transformer
+from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params
+from lib.core.errors import UserError
+from lib.models.transformer import Transformer
 from lib.objectives import OBJECTIVES, Objective, build_objective, objective_extras
 from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from lib.classifier import HeadConfig, load_classifier
-from lib.errors import UserError
-from lib.onnx_export import INPUT_NAMES, INT8_SUFFIX, ONNX_FILE, OnnxClassifier, export_onnx, to_onnx
-from lib.predict import TextClassifier
-from lib.report import markdown
+from lib.core.errors import UserError
+from lib.evaluation.report import markdown
+from lib.models.classifier import HeadConfig, load_classifier
+from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, ONNX_FILE, OnnxClassifier, export_onnx, to_onnx
+from lib.serving.predict import TextClassifier
 from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, CORPUS, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_CORPUS, TINY_TEXTS
@@ -106,16 +106,16 @@ def test_an_export_failure_is_one_line(folders, monkeypatch):
     with pytest.raises(UserError) as err:
         to_onnx(model)
     assert str(err.value) == ("cannot export the classifier to ONNX (RuntimeError: Dynamic control flow is not "
-                              "supported); the PyTorch folder still predicts (lib.predict)")
+                              "supported); the PyTorch folder still predicts (lib.serving.predict)")
 
 
 def test_a_folder_without_an_onnx_file_is_one_line(folders, tmp_path):
-    with pytest.raises(UserError, match="no such ONNX file; write it with python -m lib.onnx_export"):
+    with pytest.raises(UserError, match="no such ONNX file; write it with python -m lib.serving.onnx_export"):
         OnnxClassifier.load(folders["concat"], tmp_path / "missing.onnx")
 
 
 def test_the_command_line_says_one_line_for_a_wrong_folder(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "lib.onnx_export", str(tmp_path)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "lib.serving.onnx_export", str(tmp_path)], capture_output=True, text=True,
                             timeout=120, cwd=ROOT)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"error: {tmp_path}/classifier.json: not a classifier description")

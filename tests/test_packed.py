@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from lib.config import TokenizerConfig
-from lib.errors import UserError
-from lib.packed import PackedTokens, PackedWriter, encode_to_packed, model_unk_id, packed_path, word_starts
-from lib.tokenizer import train_tokenizer
+from lib.config.params import TokenizerConfig
+from lib.core.errors import UserError
+from lib.data.packed import PackedTokens, PackedWriter, encode_to_packed, model_unk_id, packed_path, word_starts
+from lib.data.tokenizer import train_tokenizer
 
 EOS = 3
 SUFFIXES = (".bin", ".idx", ".wstart", ".json")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from lib.checkpoint import checkpoints
+from lib.training.checkpoint import checkpoints
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 # rows per split of each dataset in the tiny copy; wikipedia articles are also cut to 4k chars
@@ -184,7 +184,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
         assert 0.0 <= accuracy["mean"] <= 1.0 and len(accuracy["seeds"]) == 1 and accuracy["std"] == 0.0
         header = (repo / f"plots/finetune/{task}.csv").read_text().splitlines()[0]
         assert header == "epoch,ulmfit,plain,from_scratch,frozen"
-    from lib.classifier import load_classifier
+    from lib.models.classifier import load_classifier
     classifier, info = load_classifier(repo / "models/finetune/sst2")
     assert info["label_names"] == ["negative", "positive"] and info["task"] == "sst2"
     assert not (repo / "data/checkpoints/finetune").exists()

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from lib import runtime
-from lib.classifier import HEAD_FILE, load_classifier, save_classifier
-from lib.config import SpecialTokens
-from lib.errors import UserError
-from lib.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
-from lib.tasks import Example, collate, encode
-from lib.tokenizer import load_tokenizer, special_ids
+from lib.config.params import SpecialTokens
+from lib.core import runtime
+from lib.core.errors import UserError
+from lib.data.tokenizer import load_tokenizer, special_ids
+from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier
+from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
+from lib.tasks.shared import Example, collate, encode
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS
@@ -117,7 +117,7 @@ def test_a_truncated_head_is_one_line_naming_the_file(folders, tmp_path, load):
 
 def test_predict_imports_and_runs_without_mlflow_or_pandas(folders):
     code = ("import sys; sys.modules['mlflow'] = sys.modules['pandas'] = None\n"  # None: any import fails
-            "from lib.predict import TextClassifier\n"
+            "from lib.serving.predict import TextClassifier\n"
             f"print(TextClassifier.load({str(folders['single'])!r}).predict(['I loved it']))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parents[1])

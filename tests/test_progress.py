@@ -1,5 +1,5 @@
 """Progress lines on a fake clock: the ETA arithmetic, how often lines come, the one limit warning."""
-from lib.progress import Progress, RunTimes, duration
+from lib.core.progress import Progress, RunTimes, duration
 
 
 class Clock:

@@ -19,7 +19,7 @@ def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
         run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}", "-S", "finetune.variants=[ulmfit]")
     out = run(repo, "dvc", "exp", "run", "--run-all", "-j", "2")
     assert out.count("Running stage 'finetune'") == 2 and "Running stage 'pretrain'" not in out
-    assert out.count("shared by 2 queue workers") >= 2  # torch's threads divided between the two (lib/runtime.py)
+    assert out.count("shared by 2 queue workers") >= 2  # torch's threads divided between the two (lib/core/runtime.py)
     assert run(repo, "git", "status", "--porcelain").strip() == ""  # the workspace is untouched
     shown = json.loads(run(repo, "dvc", "exp", "show", "--json"))
     experiments = {e["name"]: e for baseline in shown for e in (baseline.get("experiments") or [])}

@@ -1,4 +1,4 @@
-"""The data stage (lib/raw.py): hub ids read without the network, the mirror and the hub giving the same
+"""The data stage (lib/data/raw.py): hub ids read without the network, the mirror and the hub giving the same
 data/raw, local sources copied and re-read when their content changes, one-line errors offline."""
 import gzip
 import hashlib
@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from lib.config import load_params
-from lib.corpus import eval_texts
-from lib.errors import UserError
-from lib.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
-from lib.sources import HubId, parse_hub, read_records
+from lib.config.params import load_params
+from lib.core.errors import UserError
+from lib.data.corpus import eval_texts
+from lib.data.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
+from lib.data.sources import HubId, parse_hub, read_records
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 IMDB = "hf:stanfordnlp/imdb@e6281661ce1c48d982bc483cf8a173c1bbeb5d31"
@@ -267,7 +267,7 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
         read_eval_text_spec(tmp_path / "raw")
 
 
-# The hub ids of the task datasets, as params name them (lib/raw.py LAYOUTS says where each revision comes from)
+# The hub ids of the task datasets, as params name them (lib/data/raw.py LAYOUTS says where each revision comes from)
 HUB_IDS = {"conll2003": "hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb6a39b0",
            "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
            "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
@@ -315,8 +315,8 @@ def squad_hub(copy: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 def hub_versions(name: str, copy: dict[str, list[dict]]) -> dict[str, list[dict]]:
     """Rows of the mirror copy `name` as the hub has them (its field names, splits and values), written
-    independently of lib/raw.py from each dataset card: this is what LAYOUTS has to undo."""
-    from lib.raw import CONLL_CHUNK, CONLL_NER, CONLL_POS
+    independently of lib/data/raw.py from each dataset card: this is what LAYOUTS has to undo."""
+    from lib.data.raw import CONLL_CHUNK, CONLL_NER, CONLL_POS
     if name == "conll2003":
         return {s: [{"id": r["id"], "tokens": r["tokens"], "pos_tags": [CONLL_POS.index(t) for t in r["pos_tags"]],
                      "chunk_tags": [CONLL_CHUNK.index(t) for t in iob2(r["chunk_tags"])],
@@ -352,7 +352,7 @@ def copy_rows(name: str) -> dict[str, list[dict]]:
 @pytest.mark.parametrize("name", sorted(HUB_IDS))
 def test_a_task_dataset_read_from_the_hub_gives_its_mirror_rows(name, tmp_path, monkeypatch):
     """The hub's rows (its names, ClassLabel ids, splits, order and offsets) become the mirror copy's rows."""
-    from lib.raw import Use, fetch
+    from lib.data.raw import Use, fetch
     copy = copy_rows(name)
     if name == "squad_v2":
         assert {r["is_impossible"] for rows in copy.values() for r in rows} == {True, False}
@@ -390,7 +390,7 @@ def test_a_task_dataset_read_from_the_hub_gives_its_mirror_rows(name, tmp_path, 
 
 def test_conll_tag_ids_are_read_in_the_order_the_dataset_card_shows():
     """The hub's own example (eriktks/conll2003's card, a training sentence) becomes the copy's row."""
-    from lib.raw import conll_row
+    from lib.data.raw import conll_row
     card = {"chunk_tags": [11, 12, 12, 21, 13, 11, 11, 21, 13, 11, 12, 13, 11, 21, 22, 11, 12, 17, 11, 21, 17, 11, 12,
                            12, 21, 22, 22, 13, 11, 0],
             "ner_tags": [0, 3, 4, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -404,7 +404,7 @@ def test_conll_tag_ids_are_read_in_the_order_the_dataset_card_shows():
 def test_the_copies_follow_the_rules_their_layouts_apply():
     """On every row of the copies: SQuAD's article deal, first-occurrence offsets and is_impossible (so the
     conversion leaves a copy's row as it is); CoNLL's chunk tags survive IOB2 and back, NER tags are IOB2."""
-    from lib.raw import article_split, iob1, squad_row
+    from lib.data.raw import article_split, iob1, squad_row
     for name in ("squad", "squad_v2"):
         for split in ("train", "validation"):
             for row in head(SHARED_DATA / name / f"{split}.jsonl.gz", 10**6):

@@ -1,8 +1,8 @@
 """The evaluate stage's report: markdown tables and figures from a results dict shaped like evaluate's."""
 import time
 
-from lib import report
-from lib.report import confusion_figure, fmt, markdown, write_report
+from lib.evaluation import report
+from lib.evaluation.report import confusion_figure, fmt, markdown, write_report
 
 CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128, "threads": 2}
 RESULTS = {
@@ -67,7 +67,7 @@ def test_warnings_open_the_summary():
 
 
 def drawn_figures(monkeypatch) -> list:
-    """The figures lib.report draws from now on, kept for inspection after it closes them."""
+    """The figures lib.evaluation.report draws from now on, kept for inspection after it closes them."""
     figures = []
     monkeypatch.setattr(report.plt, "close", figures.append)
     return figures

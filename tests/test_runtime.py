@@ -1,4 +1,4 @@
-"""lib/runtime.py: the bf16 probe (with fake children, and once for real), the precision it decides,
+"""lib/core/runtime.py: the bf16 probe (with fake children, and once for real), the precision it decides,
 its cache, and torch's CPU threads."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lib import runtime
-from lib.config import ImplConfig
-from lib.errors import UserError
+from lib.config.params import ImplConfig
+from lib.core import runtime
+from lib.core.errors import UserError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # CUDA is only compared against: nothing runs on it
 # Fake probe children: each one counts its runs in the file $PROBE_CALLS, then behaves as a CPU would.

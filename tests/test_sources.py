@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lib.errors import UserError
-from lib.sources import list_splits, read_rows, read_texts
+from lib.core.errors import UserError
+from lib.data.sources import list_splits, read_rows, read_texts
 from tests.helpers import SHARED_DATA, write_jsonl_gz
 
 

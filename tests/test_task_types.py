@@ -1,5 +1,5 @@
 """Every task type through the finetune loop: read from a local folder (bad rows skipped and counted,
-dev hashed out of train), trained by lib.finetune.run_variant's plain, ulmfit and frozen variants on a
+dev hashed out of train), trained by lib.training.finetune.run_variant's plain, ulmfit and frozen variants on a
 tiny backbone, and scored on its evaluation split with its own metrics, far above what guessing gets."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.config import FinetuneConfig, ImplConfig, TaskConfig
-from lib.finetune import run_variant
-from lib.model import Transformer, TransformerConfig
-from lib.tasktypes import TYPES
+from lib.config.params import FinetuneConfig, ImplConfig, TaskConfig
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks import TYPES
+from lib.training.finetune import run_variant
 from tests.tasktype_helpers import WORDS, one_thread, trained  # noqa: F401
 
 CITIES, PEOPLE = ["Paris", "Normandy"], ["Rollo"]

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.config import SpecialTokens, TaskConfig, TokenizerConfig
-from lib.errors import UserError
-from lib.tasks import (UNLABELED, Batch, Example, Row, _pair_lengths, batches, encode, example_hash, load_task,
+from lib.config.params import SpecialTokens, TaskConfig, TokenizerConfig
+from lib.core.errors import UserError
+from lib.tasks.shared import (UNLABELED, Batch, Example, Row, _pair_lengths, batches, encode, example_hash, load_task,
                        read_unlabeled)
-from lib.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 BOS, EOS, PAD = 2, 3, 0

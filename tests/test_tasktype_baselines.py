@@ -9,14 +9,14 @@ import math
 
 import pytest
 
-from lib.metrics import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
-from lib.tasktypes import multiple_choice, regression, span_qa, tagging
-from lib.tasktypes.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
-from lib.tasktypes.multiple_choice import Question
-from lib.tasktypes.regression import Scored
-from lib.tasktypes.span_qa import Answer, golds
-from lib.tasktypes.span_qa import Question as QAQuestion
-from lib.tasktypes.tagging import Sentence
+from lib.evaluation.metrics import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
+from lib.tasks import multiple_choice, regression, span_qa, tagging
+from lib.tasks.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
+from lib.tasks.multiple_choice import Question
+from lib.tasks.regression import Scored
+from lib.tasks.span_qa import Answer, golds
+from lib.tasks.span_qa import Question as QAQuestion
+from lib.tasks.tagging import Sentence
 from tests.helpers import SHARED_DATA
 
 

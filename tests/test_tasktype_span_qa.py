@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from lib.errors import UserError
-from lib.metrics import apply_no_answer_threshold, normalize_answer, squad_scores
-from lib.tasktypes.span_qa import (NO_ANSWER, Answer, Question, collate, decode, encode, golds, loss,
+from lib.core.errors import UserError
+from lib.evaluation.metrics import apply_no_answer_threshold, normalize_answer, squad_scores
+from lib.tasks.span_qa import (NO_ANSWER, Answer, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA
 from tests.tasktype_helpers import WORDS, bpe, fit_on_one_batch, minilm, one_thread, tokenizer, toy_task  # noqa: F401

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from lib.errors import UserError
-from lib.metrics import entity_scores
-from lib.tasktypes.tagging import IGNORE, TYPE, Sentence, collate, decode, encode, loss, read_rows, tag_set
+from lib.core.errors import UserError
+from lib.evaluation.metrics import entity_scores
+from lib.tasks.tagging import IGNORE, TYPE, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
 from tests.tasktype_helpers import MINILM, bpe, fit_on_one_batch, minilm, one_thread, tokenizer, toy_task  # noqa: F401
 
@@ -150,7 +150,7 @@ def test_a_batch_without_a_tagged_word_has_zero_loss():
 
 
 def test_a_tokenizer_that_pads_on_its_own_is_refused():
-    """MiniLM's tokenizer.json pads and truncates to 128 as saved; lib.hf.import_tokenizer turns that off."""
+    """MiniLM's tokenizer.json pads and truncates to 128 as saved; lib.models.hf.import_tokenizer turns that off."""
     special = minilm()[1]  # skips without MiniLM
     raw = Tokenizer.from_file(str(MINILM / "tokenizer.json"))
     with pytest.raises(ValueError, match="pads or truncates"):

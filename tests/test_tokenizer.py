@@ -9,10 +9,10 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Tokenizer
 
-from lib.config import TokenizerConfig
-from lib.errors import UserError
-from lib.packed import model_unk_id
-from lib.tokenizer import SPM_FILE, TrainingText, load_tokenizer, read_meta, special_ids, train_tokenizer
+from lib.config.params import TokenizerConfig
+from lib.core.errors import UserError
+from lib.data.packed import model_unk_id
+from lib.data.tokenizer import SPM_FILE, TrainingText, load_tokenizer, read_meta, special_ids, train_tokenizer
 
 ALGORITHMS = ["bpe", "wordpiece", "unigram"]
 WORDS = ("the a an of to in on for with from about history science music river city king queen war peace "

@@ -10,8 +10,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from lib import tracking
-from lib.config import TrackingConfig
+from lib.config.params import TrackingConfig
+from lib.core import tracking
 from tests.helpers import ROOT
 
 
@@ -135,8 +135,8 @@ def test_failed_stage_marks_runs_failed(store):
 
 TRAINING_STAGE = """
 import time
-from lib import tracking
-from lib.config import TrackingConfig
+from lib.config.params import TrackingConfig
+from lib.core import tracking
 with tracking.stage_run("finetune", TrackingConfig(), {}, {}) as run:
     run.child("imdb/ulmfit/seed1", {}, {"pipeline.role": "finetune-run"})
     print("training", flush=True)

@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from lib.config import ImplConfig, TrainConfig
-from lib.data import WindowBatches, fixed_windows
-from lib.errors import UserError
-from lib.packed import PackedTokens, PackedWriter
-from lib.checkpoint import KEEP, checkpoints
-from lib.progress import Progress
-from lib.fit import adamw, discriminative_groups, slanted_triangular
-from lib.trainer import Trainer, lr_multiplier, planned_tokens
+from lib.config.params import ImplConfig, TrainConfig
+from lib.core.errors import UserError
+from lib.core.progress import Progress
+from lib.data.packed import PackedTokens, PackedWriter
+from lib.data.windows import WindowBatches, fixed_windows
+from lib.training.checkpoint import KEEP, checkpoints
+from lib.training.fit import adamw, discriminative_groups, slanted_triangular
+from lib.training.trainer import Trainer, lr_multiplier, planned_tokens
 
 VOCAB = 40
 

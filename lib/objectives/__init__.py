@@ -10,8 +10,9 @@ nothing else about it. The contract:
 `metrics` holds detached scalar tensors, always with "loss". All randomness (masks, samples) comes
 from torch's global RNG, which the trainer checkpoints and, for validation, seeds.
 
-A new objective is a module in this package with a subclass of `Objective` decorated with `@register`;
-every module here is imported below, so nothing else changes (but `lib.config.Objective` lists the
+A new objective is a module in this package with a subclass of `Objective` (lib/objectives/base.py)
+decorated with `@register`;
+every module here is imported below, so nothing else changes (but `lib.config.params.Objective` lists the
 names params.yaml accepts).
 """
 from __future__ import annotations
@@ -19,58 +20,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import ClassVar
 
 import safetensors.torch
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from lib.config import Params
-from lib.errors import UserError
-from lib.hf import ImportedModel
-from lib.model import Transformer, TransformerConfig, load_model, save_model
-
-
-class Objective(nn.Module):
-    """Base class: a module that maps (tokens, word_starts) to (loss, metrics)."""
-
-    name: ClassVar[str]
-    causal: ClassVar[bool]
-
-    def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
-                 arch: TransformerConfig | None = None):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.special_ids = dict(special_ids)
-        # the backbone's shape: params.yaml's model section, or a checkpoint's (init)
-        self.arch = arch or TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
-        if self.arch.causal != self.causal:
-            raise UserError(f"objective: {self.name} needs a {'causal' if self.causal else 'bidirectional'} model; "
-                            f"use {fitting_objective(self.name, self.arch)}")
-
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """tokens (B, T+1) long, word_starts (B, T+1) bool -> (scalar loss, detached scalar metrics)."""
-        raise NotImplementedError
-
-    def backbone(self) -> Transformer:
-        """The Transformer that later stages fine-tune."""
-        raise NotImplementedError
-
-    def start_from(self, imported: ImportedModel) -> None:
-        """Take a published checkpoint's weights: its model as the backbone (an objective with parts of
-        its own that a checkpoint may carry loads those too)."""
-        self.backbone().load_state_dict(imported.model.state_dict())
-
-
-OBJECTIVES: dict[str, type[Objective]] = {}
-
-
-def register(cls: type[Objective]) -> type[Objective]:
-    """Class decorator: make `cls` buildable by its `name`."""
-    if cls.name in OBJECTIVES and OBJECTIVES[cls.name] is not cls:
-        raise ValueError(f"objective '{cls.name}' is registered twice")
-    OBJECTIVES[cls.name] = cls
-    return cls
+from lib.config.params import Params
+from lib.core.errors import UserError
+from lib.models.folder import load_model, save_model
+from lib.models.transformer import TransformerConfig
+from lib.objectives.base import OBJECTIVES, Objective, fitting_objective, register  # noqa: F401 (the interface)
 
 
 def build_objective(name: str, params: Params, vocab_size: int, special_ids: dict[str, int],
@@ -78,14 +37,6 @@ def build_objective(name: str, params: Params, vocab_size: int, special_ids: dic
     if name not in OBJECTIVES:
         raise UserError(f"objective: '{name}' is not one of {', '.join(sorted(OBJECTIVES))}")
     return OBJECTIVES[name](params, vocab_size, special_ids, arch)
-
-
-def fitting_objective(name: str, arch: TransformerConfig) -> str:
-    """`name` if it trains a model shaped like `arch` (a checkpoint's), else the one that does: clm for
-    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional checkpoint)."""
-    if OBJECTIVES[name].causal == arch.causal:
-        return name
-    return "clm" if arch.causal else "mlm"
 
 
 for _module in pkgutil.iter_modules(__path__):  # each objective module registers itself on import
@@ -103,7 +54,7 @@ def objective_extras(objective: Objective) -> dict[str, Tensor]:
 
 
 def save_objective(objective: Objective, out_dir: Path) -> None:
-    """The backbone as a model folder (lib.model.save_model), plus objective.safetensors if any extras."""
+    """The backbone as a model folder (lib.models.folder.save_model), plus objective.safetensors if any extras."""
     save_model(objective.backbone(), out_dir, objective.special_ids)
     extras = objective_extras(objective)
     if extras:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from lib.config import Params
-from lib.model import Transformer, TransformerConfig
-from lib.objectives import Objective, register
+from lib.config.params import Params
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.objectives.base import Objective, register
 
 
 @register

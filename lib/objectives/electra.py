@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lib.config import Params
-from lib.hf import ImportedModel
-from lib.model import ACTIVATIONS, Transformer, TransformerConfig
-from lib.objectives import Objective, register
+from lib.config.params import Params
+from lib.models.hf import ImportedModel
+from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig
+from lib.objectives.base import Objective, register
 from lib.objectives.masking import mask_tokens, special_mask
 from lib.objectives.mlm import masked_lm_loss
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lib.config import MLMConfig
+from lib.config.params import MLMConfig
 
 IGNORE_INDEX = -100  # labels at positions that are not predicted (torch's cross_entropy default)
 

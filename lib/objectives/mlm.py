@@ -17,9 +17,9 @@ import dataclasses
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lib.config import Params
-from lib.model import Transformer, TransformerConfig, init_weights
-from lib.objectives import Objective, register
+from lib.config.params import Params
+from lib.models.transformer import Transformer, TransformerConfig, init_weights
+from lib.objectives.base import Objective, register
 from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
 from lib.objectives.sentence import Pairs, sentence_pairs
 

@@ -1,0 +1,1 @@
+"""params.yaml -> typed, validated dataclasses, once, at stage start."""

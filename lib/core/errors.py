@@ -1,0 +1,75 @@
+"""User-facing errors: one line that names the file or key and says what to do."""
+import errno
+import os
+import re
+import sys
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+# Credentials that may reach a message inside a URI (MLflow's errors quote the tracking URI whole)
+URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")  # scheme://user:PASSWORD@
+SECRET_QUERY_VALUE = re.compile(r"([?&][^=&\s]*(?:password|passwd|pwd|token|secret|key|signature|sig)[^=&\s]*=)"
+                                r"[^&\s'\"]+", re.IGNORECASE)  # ?access_token=VALUE&...
+SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+
+
+class UserError(Exception):
+    """Bad input or params. Stage scripts print the message alone (no traceback) and exit 2."""
+
+
+def run_main(main) -> None:
+    """Call a stage's main(); turn a UserError, a full disk or a denied permission into a one-line
+    message and exit code 2, and Ctrl-C into one line and exit code 130."""
+    try:
+        main()
+    except UserError as err:
+        print(f"error: {redact(str(err))}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        # outputs and checkpoints are written to temporary siblings and renamed: none is half-written
+        print("interrupted; run the stage again (dvc repro) to resume from its last checkpoint", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    except OSError as err:
+        message = os_error_line(err)
+        if message is None:
+            raise
+        print(f"error: {redact(message)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def os_error_line(err: OSError) -> str | None:
+    """What to tell the user about an OSError they can fix (a full disk, a denied permission); None
+    for any other, which is a bug to see with its traceback."""
+    if err.errno in DISK_FULL:
+        # every output and checkpoint is written to a temporary sibling and renamed: the old ones stand
+        where = f" writing {err.filename}" if err.filename else ""
+        return (f"no space left on the device{where}; free some and run the stage again "
+                "(earlier outputs and checkpoints are intact)")
+    if err.errno in DENIED:
+        return (f"{err.filename or 'a file or folder'}: {err.strerror.lower()}; fix its permissions or point the "
+                "stage elsewhere")
+    return None
+
+
+def describe(err: BaseException) -> str:
+    """'TypeName: first line of the message', for one-line reports of errors from libraries, with
+    credentials redacted."""
+    lines = redact(str(err)).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
+
+
+def redact(text: str) -> str:
+    """`text` with credentials masked as ***: a URL's password (scheme://user:***@host), the values of
+    secret-looking query parameters (?token=***), and the values of MLflow's credential variables."""
+    text = URL_PASSWORD.sub(r"\1***@", text)
+    text = SECRET_QUERY_VALUE.sub(r"\1***", text)
+    for name in SECRET_ENV:
+        if os.environ.get(name):
+            text = text.replace(os.environ[name], "***")
+    return text
+
+
+def one_line(err: BaseException) -> str:
+    """torch's state-dict errors span lines and start with a generic header; keep them on one line."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"

@@ -1,0 +1,380 @@
+"""The one module that talks to MLflow.
+
+Runs. Every stage is a run named after the stage, nested under one parent run per pipeline execution
+(a `dvc repro` or a `dvc exp run`) named `<DVC experiment name or "repro"> <short commit> <local start
+time>`, e.g. `repro 226dfab 2026-11-24 14:30`; finetune and distill add a run per trained model under
+their stage's run.
+
+Same execution. DVC starts every stage as its own process and tells it nothing of the execution, so a
+stage finds the newest parent of its pipeline key (DVC experiment name, git commit and a digest of all
+params) and joins it when
+  - no run under it is RUNNING (those of dead processes were ended first, see below),
+  - it has not got past this stage: no run of this stage or of one after it in dvc.yaml has FINISHED
+    under it, and
+  - it is still going: its latest stage run FAILED or was KILLED (an interrupted execution: the next
+    `dvc repro`, whenever it comes, resumes it, the restarted stage beside its failed attempt), or that
+    run ended less than JOIN_WINDOW_S ago (the previous stage of this execution handing over).
+Otherwise it opens a new parent. So a completed execution is never joined, nor one at other params.
+
+Dead processes. A stage run, and the parent it opened or joined, carry the host and process id that
+drive them. A stage killed outright (SIGKILL) ends nothing, so the next stage to open marks KILLED
+every RUNNING run of this host whose process is gone, and ends each parent left with no run going as
+its last stage ended (KILLED when it has none).
+
+Store. `<project root>/mlflow.db`, absolute (from DVC_ROOT), so queued experiments that DVC runs in a
+temp copy log to the same store, unless MLFLOW_TRACKING_URI is set. MLflow saves artifact locations as
+absolute paths (its default for a SQLite store is `mlruns/` under the working directory of the process
+that creates the experiment): a copied or moved store would point into the old folder, and a queued
+experiment could write into its throw-away copy. So in a SQLite store the experiment's artifact
+location is the relative `mlruns/<experiment id>`, and every run's artifacts lie in `mlruns/` beside
+mlflow.db: this module writes them there from any working directory, and `mlflow ui` started in that
+folder (where its default store is that mlflow.db) reads them, wherever the folder was copied or
+moved; a reader started elsewhere finds none. Other stores (a tracking server) keep their own artifact
+locations.
+
+The experiment is tagged `mlflow.experimentKind: custom_model_development`, MLflow 3's mark of a model
+training experiment. The 3.17 UI also has a switch per browser (GenAI / Machine learning, GenAI until
+changed) that decides where `#/experiments/<id>` opens, so the stage that creates the experiment
+prints the address of its runs table, `#/experiments/<id>/runs`, which opens there either way.
+
+What is logged where. The settings a stage reads: params. Facts it reports (sizes, counts, durations,
+throughputs, names): `log_summary`, as `summary.<key>` tags, columns of the runs table rather than
+one-point charts. Curves (per step or epoch): metrics at their step. Final evaluation scores (losses,
+accuracies): metrics at the step they were measured, since they are what runs are compared on.
+
+If MLflow fails at any point, the stage warns once and goes on without tracking.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from lib.config.params import TrackingConfig, flatten
+from lib.core.errors import describe, redact
+from lib.core.io import process_alive, project_root
+# No telemetry or network calls from a tool that must work offline.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+# A tracking server that is down should cost seconds, not MLflow's default minutes of retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+# Logging a model re-reads its artifacts with a progress bar per file: noise in a stage's log.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+PIPELINE_OUTPUTS = ("dvc.lock", "metrics", "plots", "reports")  # committed to git, rewritten by the stages
+JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one finished opens a new parent
+MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway
+PARENT_ROLE, STAGE_ROLE = "pipeline", "stage"
+OWNER_HOST, OWNER_PID = "process.host", "process.pid"  # tags: the process a run (and its children) lives in
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+SUMMARY = "summary."  # prefix of the tags that hold a run's facts
+ARTIFACTS = "mlruns"  # beside the SQLite store
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def _sqlite_store() -> Path | None:
+    """The SQLite file of the store, None for other stores."""
+    uri = tracking_uri()
+    return Path(uri[len("sqlite:///"):]).resolve() if uri.startswith("sqlite:///") else None
+
+
+def _absolute_artifact_uri(artifact_uri: str) -> str:
+    """`artifact_uri` as found from any working directory (a queued experiment runs in a temp copy): a
+    relative one is in the store's folder."""
+    store, uri = _sqlite_store(), urllib.parse.urlparse(artifact_uri)
+    relative = store is not None and not uri.scheme and not os.path.isabs(uri.path)
+    return str(store.parent / artifact_uri) if relative else artifact_uri
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run_tags(stage: str, all_params: Any) -> dict[str, str]:
+    commit = _git("rev-parse", "--verify", "--quiet", "HEAD") or "unknown"  # "unknown" before a first commit
+    # dirty = code or params differ from the commit; the outputs the pipeline itself rewrites (and
+    # commits) do not count, or every stage after the first of a `dvc repro` would read dirty
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      *(f":(exclude){path}" for path in PIPELINE_OUTPUTS)))
+    exp = os.environ.get("DVC_EXP_NAME", "")
+    params = json.dumps({k: str(v) for k, v in flatten(all_params).items()}, sort_keys=True)
+    digest = hashlib.sha256(params.encode()).hexdigest()[:12]
+    return {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
+            "pipeline.key": f"{exp or 'workspace'}@{commit}/{digest}", "stage": stage}
+
+
+def _clip(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+class StageRun:
+    """A stage's MLflow run. Every call is safe: the first failure warns once and turns tracking off."""
+
+    def __init__(self, client: Any = None, run_id: str | None = None, parent_id: str | None = None):
+        self.client, self.run_id, self.parent_id = client, run_id, parent_id
+
+    @property
+    def active(self) -> bool:
+        return self.client is not None
+
+    @contextlib.contextmanager
+    def _guarded(self, what: str) -> Iterator[None]:
+        """Run the block; an error in it warns (once per process) and turns tracking off for this run."""
+        try:
+            yield
+        except Exception as err:
+            warn(f"MLflow could not {what} ({describe(err)}); the stage goes on without tracking")
+            self.client = None
+
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
+        """self.client.<method>(*args, **kwargs), unless tracking is off or has failed."""
+        if self.active:
+            with self._guarded(what):
+                getattr(self.client, method)(*args, **kwargs)
+
+    def _log_batch(self, what: str, kind: str, items: list, size: int) -> None:
+        """`items` of one kind (params, metrics or tags) in batches of at most `size`, MLflow's limit."""
+        for i in range(0, len(items), size):
+            self._call(what, "log_batch", self.run_id, **{kind: items[i:i + size]})
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """Settings: what the run was asked to do."""
+        if not self.active:  # also when mlflow is not installed: nothing of it may be imported then
+            return
+        from mlflow.entities import Param
+
+        self._log_batch("log params", "params", [Param(k, _clip(v)) for k, v in sorted(flatten(params).items())], 100)
+
+    def log_summary(self, facts: dict[str, Any]) -> None:
+        """Facts the run reports (sizes, counts, durations, names), as `summary.<key>` tags."""
+        if not self.active:
+            return
+        from mlflow.entities import RunTag
+
+        self._log_batch("log the summary", "tags", [RunTag(SUMMARY + k, _clip(v))
+                                                    for k, v in sorted(flatten(facts).items()) if v is not None], 100)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Curves (a point at `step`) and final scores; values that are not numbers are left out."""
+        if not self.active:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._log_batch("log metrics", "metrics", [Metric(k, float(v), now, step or 0)
+                                                   for k, v in sorted(flatten(metrics).items())
+                                                   if isinstance(v, (int, float)) and not isinstance(v, bool)], 1000)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """A file, or a folder's files, into the run's artifacts (under `artifact_path`)."""
+        if not self.active:
+            return
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        with self._guarded(f"log artifact {path}"):
+            uri = self.client.get_run(self.run_id).info.artifact_uri
+            repository = get_artifact_repository(_absolute_artifact_uri(uri))
+            (repository.log_artifacts if Path(path).is_dir() else repository.log_artifact)(str(path), artifact_path)
+
+    def on_log(self, step: int, row: dict[str, Any]) -> None:
+        """Trainer callback: a row of training metrics at `step`."""
+        self.log_metrics({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    on_eval = on_log  # validation rows are logged the same way
+
+    def child(self, name: str, params: dict[str, Any], tags: dict[str, str]) -> StageRun:
+        """A run nested under this one (a finetune stage's task x variant x seed), with its params logged."""
+        child = StageRun()
+        if self.active:
+            with self._guarded(f"open run {name}"):
+                parent = self.client.get_run(self.run_id)
+                tags = {**{k: v for k, v in parent.data.tags.items() if k in CHILD_TAGS}, **tags,
+                        "mlflow.parentRunId": self.run_id}
+                run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=tags)
+                child = StageRun(self.client, run.info.run_id)
+        child.log_params(params)
+        return child
+
+    def parent(self) -> StageRun:
+        """The pipeline's parent run (inactive when there is none), for what sums up the whole chain."""
+        return StageRun(self.client if self.parent_id else None, self.parent_id)
+
+    def log_model(self, log: Callable[[Path, str], str], folder: Path, name: str) -> str | None:
+        """Run `log(folder, name)` (e.g. lib.serving.predict.log_pyfunc, which logs the model in `folder` into the
+        active run) inside this run; returns the model's URI, or None when tracking is off or logging failed
+        (warned once). The caller passes the logging code, so a stage that logs no model never imports it."""
+        if not self.active:
+            return None
+        import mlflow
+
+        folder, store = Path(folder).resolve(), _sqlite_store()
+        with self._guarded(f"log model {name}"):
+            mlflow.set_tracking_uri(tracking_uri())
+            # MLflow writes a model where its relative artifact location points from the working directory
+            with contextlib.chdir(store.parent) if store else contextlib.nullcontext():
+                with mlflow.start_run(run_id=self.run_id):
+                    return log(folder, name)
+        return None
+
+    def finish(self, status: str) -> None:
+        self._call("end the run", "set_terminated", self.run_id, status)
+        if self.parent_id:
+            self._call("end the parent run", "set_terminated", self.parent_id, status)
+
+
+_warned = False
+CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage",
+              OWNER_HOST, OWNER_PID)  # copied from the stage's run
+
+
+def warn(message: str) -> None:
+    global _warned
+    if not _warned:
+        print(f"warning: {redact(message)}", file=sys.stderr)
+        _warned = True
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    """The experiment `name`, created if need be, tagged as model training, its artifacts beside the store."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        experiment = client.get_experiment(client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_TRAINING}))
+        print(redact(f"MLflow: created experiment {name} in {tracking_uri()}; in `mlflow ui` its runs table is "
+                     f"#/experiments/{experiment.experiment_id}/runs"), flush=True)
+    elif EXPERIMENT_KIND not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+    _keep_artifacts_beside_the_store(experiment)
+    return experiment.experiment_id
+
+
+def _keep_artifacts_beside_the_store(experiment: Any) -> None:
+    """In a SQLite store, replace an absolute local artifact location (MLflow's default, or the folder a
+    copied store came from) by `mlruns/<id>`, relative to the store's folder. MLflow's API resolves every
+    location it is given to an absolute one, hence SQL."""
+    store, location = _sqlite_store(), urllib.parse.urlparse(experiment.artifact_location)
+    if store is None or location.scheme not in ("", "file") or not os.path.isabs(location.path):
+        return
+    with contextlib.closing(sqlite3.connect(store, timeout=30)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?",
+                   (f"{ARTIFACTS}/{experiment.experiment_id}", int(experiment.experiment_id)))
+
+
+def _pipeline_order() -> list[str]:
+    """The stages in dvc.yaml's order, the order DVC runs them in (none outside a DVC project)."""
+    try:
+        return list(yaml.safe_load((project_root() / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return []
+
+
+def _children(client: Any, experiment_id: str, run_id: str) -> list:
+    """The runs directly under `run_id`, newest first."""
+    return client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'",
+                              order_by=["attributes.start_time DESC"])
+
+
+def _find_parent(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
+    """The parent of this stage's pipeline execution, None when it needs a new one (module docstring)."""
+    parents = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
+                                 filter_string=f"tags.`pipeline.key` = '{tags['pipeline.key']}' "
+                                               f"and tags.`pipeline.role` = '{PARENT_ROLE}'")
+    if not parents:
+        return None
+    parent = parents[0].info
+    stages = _children(client, experiment_id, parent.run_id)
+    order = _pipeline_order()
+    this_and_later = order[order.index(tags["stage"]):] if tags["stage"] in order else [tags["stage"]]
+    if any(s.info.status == "RUNNING" or (s.info.status == "FINISHED" and s.data.tags.get("stage") in this_and_later)
+           for s in stages):
+        return None
+    if stages and stages[0].info.status in ("FAILED", "KILLED"):
+        return parent.run_id  # interrupted: resumed whenever it is run again
+    last_end = stages[0].info.end_time if stages else parent.start_time
+    return parent.run_id if time.time() * 1000 - (last_end or 0) < JOIN_WINDOW_S * 1000 else None
+
+
+def _end_dead_runs(client: Any, experiment_id: str) -> None:
+    """Mark KILLED the runs left RUNNING by a process of this host that is gone (a stage, a child run of
+    one, killed outright), and settle the parents they leave with no run going."""
+    running = client.search_runs([experiment_id], filter_string=f"attributes.status = 'RUNNING' and "
+                                                              f"tags.`{OWNER_HOST}` = '{socket.gethostname()}'")
+    dead = [r for r in running if not process_alive(int(r.data.tags[OWNER_PID]))]
+    parents = {r.info.run_id for r in dead if r.data.tags.get("pipeline.role") == PARENT_ROLE}
+    for run in dead:
+        if run.info.run_id not in parents:
+            client.set_terminated(run.info.run_id, "KILLED")
+            if run.data.tags.get("pipeline.role") == STAGE_ROLE:
+                parents.add(run.data.tags["mlflow.parentRunId"])
+    for parent_id in parents:
+        _settle_parent(client, experiment_id, parent_id)
+
+
+def _settle_parent(client: Any, experiment_id: str, parent_id: str) -> None:
+    """A parent still RUNNING with no stage running ends as its last stage did, as StageRun.finish
+    would have ended it, or KILLED when its process died before any stage opened."""
+    stages = _children(client, experiment_id, parent_id)
+    if all(s.info.status != "RUNNING" for s in stages) and client.get_run(parent_id).info.status == "RUNNING":
+        client.set_terminated(parent_id, stages[0].info.status if stages else "KILLED")
+
+
+def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri())
+    experiment_id = _experiment_id(client, cfg.experiment)
+    _end_dead_runs(client, experiment_id)
+    tags = run_tags(stage, all_params)
+    owner = {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid())}
+    parent_id = _find_parent(client, experiment_id, tags)
+    if parent_id is None:
+        parent_tags = {**tags, **owner, "pipeline.role": PARENT_ROLE}
+        del parent_tags["stage"]
+        name = f"{os.environ.get('DVC_EXP_NAME') or 'repro'} {tags['git.commit'][:7]} {time.strftime('%Y-%m-%d %H:%M')}"
+        parent_id = client.create_run(experiment_id, tags=parent_tags, run_name=name).info.run_id
+        StageRun(client, parent_id).log_params(all_params)
+    else:
+        client.log_batch(parent_id, tags=[RunTag(k, v) for k, v in owner.items()])  # this process drives it now
+        client.update_run(parent_id, status="RUNNING")
+    run = client.create_run(experiment_id, run_name=stage,
+                            tags={**tags, **owner, "pipeline.role": STAGE_ROLE, "mlflow.parentRunId": parent_id})
+    return StageRun(client, run.info.run_id, parent_id)
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, cfg: TrackingConfig, all_params: Any, stage_params: dict[str, Any]) -> Iterator[StageRun]:
+    """Open this stage's run (under its pipeline's parent), log its params, and end it with the
+    stage's status. `all_params` go on the parent, `stage_params` (what the stage reads) on the run."""
+    run = StageRun()
+    if cfg.enabled and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone logs
+        try:
+            run = _open_run(stage, cfg, all_params)
+        except Exception as err:
+            warn(f"MLflow tracking is off for this stage ({describe(err)}); "
+                 f"check MLFLOW_TRACKING_URI or {project_root() / 'mlflow.db'}")
+    run.log_params(stage_params)
+    try:
+        yield run
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    run.finish("FINISHED")

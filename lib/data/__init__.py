@@ -1,0 +1,1 @@
+"""Data in: sources, the data stage's raw copies, cleaning and deduplication, the tokenizer, packed tokens, windows."""

@@ -1,0 +1,50 @@
+"""Batches of token windows read from packed token files (lib/data/packed.py), never the corpus in RAM.
+
+Training windows start at random offsets drawn from a generator seeded by (seed, step, micro-batch):
+the batch of a step is a pure function of its number, so a resumed run reads exactly the batches
+an uninterrupted run would, without replaying any data. Windows cross document boundaries; the eos
+token that ends each document in the packed stream separates them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lib.core.errors import UserError
+from lib.data.packed import PackedTokens
+
+
+class WindowBatches:
+    """Random windows of `window` tokens (with their word-start flags) from one packed split."""
+
+    def __init__(self, packed: PackedTokens, window: int, batch_size: int, seed: int, name: str = "train",
+                 rows: slice = slice(None)):
+        """`rows`: the part of every batch this process reads (its rank's share under torchrun)."""
+        if packed.n_tokens < window:
+            raise UserError(f"{name}: {packed.n_tokens} tokens, fewer than one window of {window}; "
+                            "use more data or a smaller seq_len")
+        self.packed, self.window, self.batch_size, self.seed, self.rows = packed, window, batch_size, seed, rows
+
+    def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, step, micro])
+        starts = rng.integers(0, self.packed.n_tokens - self.window + 1, size=self.batch_size)
+        return windows(self.packed, starts[self.rows], self.window)
+
+
+def fixed_windows(packed: PackedTokens, window: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed validation set: up to n_batches batches of non-overlapping windows spread evenly over
+    the split, the same in every run, so validation losses compare across runs."""
+    available = packed.n_tokens // window
+    if available == 0:
+        raise UserError(f"validation split: {packed.n_tokens} tokens, fewer than one window of {window}")
+    count = min(available, n_batches * batch_size)
+    starts = (np.linspace(0, available - 1, count).round().astype(np.int64)) * window
+    return [windows(packed, starts[i:i + batch_size], window) for i in range(0, count, batch_size)]
+
+
+def windows(packed: PackedTokens, starts: np.ndarray, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens int64, word_starts bool), each (len(starts), window), copied out of the memmaps."""
+    index = starts[:, None] + np.arange(window)[None, :]
+    tokens = torch.from_numpy(packed.tokens[index].astype(np.int64))
+    word_starts = torch.from_numpy(packed.word_starts[index].astype(bool))
+    return tokens, word_starts

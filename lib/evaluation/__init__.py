@@ -1,0 +1,1 @@
+"""Evaluation: metrics, scoring every task type, baselines, size and speed, the report."""

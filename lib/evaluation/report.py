@@ -1,0 +1,338 @@
+"""The evaluate stage's human report: reports/summary.md and its PNG figures, from metrics/evaluate.json.
+
+The PNGs open anywhere (a markdown viewer, MLflow's artifact view), without DVC; they are attached to
+the MLflow parent run with the summary. Scores are drawn on zero-based axes, so a gap of a point
+between two models looks like one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+FINETUNE_ORDER = ("ulmfit", "plain", "from_scratch", "frozen")
+# Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
+# there, and drawing one text per cell took minutes (300 classes: 250 s)
+ANNOTATED_MAX_CLASSES = 20
+# Figures 7 inches wide at 110 dpi (770 px): readable on a laptop screen and in MLflow's artifact view
+# without zooming, their labels at 9-10 pt
+FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
+# the variants are named, not the LM they start from: the summary's "started from" line says whether it was adapted
+ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
+         "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
+         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR",
+         "student_int8": "student, int8 (ONNX Runtime)"}
+# the train-only baselines, each also as "<name>_full_train": lib.evaluation.baselines (TF-IDF + logistic regression) and
+# lib.tasks.baselines (TF-IDF cosine mapped to the scale by a line fit on train; each ending's TF-IDF cosine
+# to the context; each word's most frequent train tag; OverlapQA's span beside the question's words)
+BASELINES = {"tfidf": "TF-IDF + LR", "tfidf_similarity": "TF-IDF cosine",
+             "tfidf_choice": "TF-IDF ending cosine", "lexicon": "lexicon tagger",
+             "overlap_qa": "word-overlap QA"}
+
+
+def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),
+                 provenance: dict[str, str] | None = None) -> list[Path]:
+    """summary.md and figures into out_dir (which must exist); returns the files written. `provenance`
+    (what produced the results: commit, date, params, run, machine; label -> markdown) heads the summary,
+    so a stale copy says so; `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow."""
+    figures = [scores_figure(results, out_dir / "scores.png"), speed_figure(results, out_dir / "speed.png")]
+    figures += [confusion_figure(task, r, out_dir / f"confusion_{task}.png")
+                for task, r in results.items() if r.get("confusion")]
+    figures += [entity_figure(task, r, out_dir / f"entity_f1_{task}.png") for task, r in results.items()
+                if r.get("per_type")]
+    figures += [scatter_figure(task, r, out_dir / f"predicted_vs_gold_{task}.png") for task, r in results.items()
+                if r.get("scatter")]
+    figures = [f for f in figures if f is not None]
+    summary = out_dir / "summary.md"
+    summary.write_text(markdown(results, [f.name for f in figures], warnings, provenance), encoding="utf-8")
+    return [summary, *figures]
+
+
+def fmt(score: dict[str, Any] | None, metric: str) -> str:
+    """A score as a percentage, with its std over seeds where there is one."""
+    if not score or metric not in score:
+        return "–"
+    text = f"{100 * score[metric]:.1f}"
+    if f"{metric}_std" in score:
+        text += f" ± {100 * score[f'{metric}_std']:.1f}"
+    return text
+
+
+def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = (),
+             provenance: dict[str, str] | None = None) -> str:
+    about = [f"- {label}: {value}" for label, value in (provenance or {}).items()]
+    lines = ["# Evaluation summary", "", *about, *([""] if about else []),
+             *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
+             "Every score below was measured by the pipeline on the split named, on the examples the finetune "
+             "stage evaluates (`finetune.max_eval_examples`). Finetune variants are mean ± std over seeds. "
+             "The best epoch of every model was picked on a dev set carved out of train, never on these splits.", ""]
+    for task, r in results.items():
+        metric = r["metric"]
+        lines += [f"## {task}", ""]
+        if r.get("data"):
+            lines += [f"**{r['data']['note']}**", ""]
+        if r.get("note"):
+            lines += [r["note"], ""]
+        if r.get("teacher"):
+            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r['teacher']['variant']}` "
+                      f"(seed {r['teacher']['seed']}); the student is distilled from it.", ""]
+        splits = list(r["splits"])
+        lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r["metrics"]) + " |",
+                  "|---|" + "---:|" * (len(splits) * len(r["metrics"]))]
+        models = list(dict.fromkeys(m for s in splits for m in r["splits"][s]["scores"]))
+        for model in models:
+            cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
+            lines.append(f"| {row_label(model, r['splits'][splits[0]])} | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines += no_answer_table(r)
+        efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
+        if efficiency:
+            typed = "type" in r  # not classification: timed per call as `timed` says, no ONNX Runtime
+            lines += [f"| model | parameters | size on disk | CPU p50 / p95 ms ({'per call' if typed else 'batch 1'}) | "
+                      f"CPU sequences/s (batch {next(iter(efficiency.values()))['cpu']['batch']}) |"
+                      + ("" if typed else " ONNX Runtime CPU p50 / p95 ms (batch 1) |"),
+                      "|---|---:|---:|---:|---:|" + ("" if typed else "---:|")]
+            for role, e in efficiency.items():
+                cpu = e["cpu"]
+                lines.append(f"| {ROLES.get(role, role)} | {e['params']:,} | {e['disk_bytes'] / 1e6:.1f} MB | "
+                             f"{cpu['p50_ms']:.1f} / {cpu['p95_ms']:.1f} | {cpu['throughput']:.0f} |"
+                             + ("" if typed else f" {onnx_milliseconds(onnx.get(role))} |"))
+            if "student_int8" in onnx:  # the student's parameters, stored as int8 in its ONNX file
+                int8 = onnx["student_int8"]
+                lines.append(f"| {ROLES['student_int8']} | {efficiency['student']['params']:,} | "
+                             f"{int8['disk_bytes'] / 1e6:.1f} MB | – | – | {onnx_milliseconds(int8)} |")
+            lines.append("")
+            lines.append(f"Timed at {next(iter(efficiency.values()))['cpu']['seq_len']} tokens per sequence on "
+                         f"{next(iter(efficiency.values()))['cpu']['threads']} CPU threads"
+                         + (f": {r['timed']}." if r.get("timed") else "."))
+            if onnx:
+                lines.append(f"ONNX Runtime ran on the same {next(iter(onnx.values()))['cpu']['threads']} threads "
+                             "(intra_op_num_threads) as PyTorch, so the two latency columns compare; it runs fp32. The int8 "
+                             "student is the student's ONNX graph with int8 weights (ONNX Runtime's dynamic "
+                             "quantization); its size is the ONNX file's.")
+            if "cuda" in next(iter(efficiency.values())):
+                lines.append("GPU: " + "; ".join(f"{role} p50 {e['cuda']['p50_ms']:.2f} ms, {e['cuda']['throughput']:.0f}"
+                                                 " sequences/s" for role, e in efficiency.items()))
+            lines.append("")
+        if r.get("retained") is not None:
+            lines += [f"The student keeps **{100 * r['retained']:.1f}%** of the teacher's {metric} and is "
+                      f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
+    lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
+    return "\n".join(lines)
+
+
+def no_answer_table(r: dict[str, Any]) -> list[str]:
+    """SQuAD 2.0's breakdown (HasAns, NoAns, overall EM / F1) and each model's no-answer threshold, per
+    split, where a split has unanswerable questions."""
+    rows = []
+    for split, s in r["splits"].items():
+        for model, b in s.get("breakdown", {}).items():
+            if "no_answer_f1" not in b:
+                continue
+            threshold = s.get("threshold", {}).get(model)
+            shown = ("–" if threshold is None else "−∞ (answers no question)" if threshold == "-inf"
+                     else f"{threshold:.3f}")
+            cells = [f"{100 * b[f'{group}exact_match']:.1f} / {100 * b[f'{group}f1']:.1f}" if f"{group}f1" in b else "–"
+                     for group in ("has_answer_", "no_answer_", "")]
+            rows.append(f"| {row_label(model, s)} | {split} | " + " | ".join(cells) + f" | {shown} |")
+    if not rows:
+        return []
+    return ["| model | split | HasAns EM / F1 | NoAns EM / F1 | overall EM / F1 | no-answer threshold |",
+            "|---|---|---:|---:|---:|---:|", *rows, "",
+            "A question is answered \"no answer\" when its no-answer score exceeds the threshold, picked on dev "
+            "(the baseline's on train) as SQuAD 2.0's script picks it, and applied unchanged to the split.", ""]
+
+
+def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
+    """An ONNX Runtime latency cell, p50 / p95 ms; – where the model was not run there."""
+    return "–" if timing is None else f"{timing['cpu']['p50_ms']:.1f} / {timing['cpu']['p95_ms']:.1f}"
+
+
+def row_label(model: str, split: dict[str, Any]) -> str:
+    """A model's name in the tables; the baselines say how many train examples they learned from
+    (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
+    base = model.removesuffix("_full_train")
+    if base not in BASELINES:
+        return ROLES.get(model, model)
+    if model != base or split["train_examples"] == split["full_train_examples"]:
+        return f"{BASELINES[base]} (all {split['full_train_examples']:,} train)"
+    return f"{BASELINES[base]} (same {split['train_examples']:,} train as finetuning)"
+
+
+def task_title(task: str, r: dict[str, Any]) -> str:
+    """A task's name where a figure shows its scores, with what its data is where that matters (SQuAD:
+    the official dev set split by article)."""
+    return f"{task} ({r['data']['label']})" if r.get("data") else task
+
+
+def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
+    return r["splits"][next(iter(r["splits"]))]["scores"]
+
+
+def _score_range(values: list[float]) -> tuple[float, float]:
+    """A zero-based score axis in %, to 100: a gap of a point looks like one (negative scores, e.g. MCC,
+    extend it below zero)."""
+    return (min(values) - 5.0 if min(values) < 0 else 0.0), 100.0
+
+
+def _bars(ax, labels: list[str], values: list[float], errors: list[float], title: str, xlabel: str) -> None:
+    """Horizontal bars, top to bottom in the order given, each with its value written past its end (and
+    past its error bar)."""
+    ax.barh(range(len(labels)), values, xerr=errors, color="tab:blue", height=0.6)
+    for i, (value, error) in enumerate(zip(values, errors)):
+        ax.annotate(f"{value:.1f}", (max(value + error, 0.0), i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=LABEL_SIZE)
+    ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlim(*_score_range(values))
+    ax.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    ax.set_title(title, fontsize=TITLE_SIZE, loc="left")
+    ax.grid(axis="x", alpha=0.3)
+
+
+def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
+    """A panel per task with more than one model (each model's score on the task's first split, error
+    bars: std over seeds), stacked; the tasks scored by one model alone (a baseline: not finetuned) share
+    one last panel, a bar each, rather than a panel of one bar each."""
+    panels, single = [], []
+    for task, r in results.items():
+        metric, split = r["metric"], next(iter(r["splits"]))
+        scores = {m: s for m, s in r["splits"][split]["scores"].items() if metric in s}
+        if len(scores) > 1:
+            panels.append(([row_label(m, r["splits"][split]) for m in scores],
+                           [100 * s[metric] for s in scores.values()],
+                           [100 * s.get(f"{metric}_std", 0.0) for s in scores.values()],
+                           task_title(task, r), f"{metric} (%) on {split}"))
+        elif scores:
+            model, score = next(iter(scores.items()))
+            single.append((f"{task_title(task, r)}: {row_label(model, r['splits'][split])}", 100 * score[metric],
+                           f"{metric} on {split}"))
+    if single:
+        panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
+                       [0.0] * len(single), "tasks with one model only", "score (%)"))
+    if not panels:
+        return None
+    heights = [len(labels) for labels, *_ in panels]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(FIGURE_WIDTH, 0.3 * sum(heights) + 1.0 * len(panels)),
+                             gridspec_kw={"height_ratios": [h + 2 for h in heights]})
+    for ax, panel in zip(axes[:, 0], panels):
+        _bars(ax, *panel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
+    """Score against CPU latency (batch 1, p50) for the teacher and student of each task, both axes from
+    zero; the legend names each point with its score and latency (labels beside points close in score
+    would overlap)."""
+    points = [(task_title(task, r), role, e["cpu"]["p50_ms"], 100 * _first_split_scores(r)[role][r["metric"]])
+              for task, r in results.items() for role, e in r.get("efficiency", {}).items()
+              if role in _first_split_scores(r)]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 4.5))
+    colours = {task: f"C{i}" for i, task in enumerate(dict.fromkeys(task for task, *_ in points))}
+    for task, role, ms, score in points:
+        ax.scatter(ms, score, marker="o" if role == "teacher" else "s", s=45, color=colours[task],
+                   label=f"{task} {role}: {score:.1f}, {ms:.1f} ms")
+    ax.set_xlim(0, 1.1 * max(ms for _, _, ms, _ in points))
+    ax.set_ylim(*_score_range([score for *_, score in points]))
+    ax.legend(fontsize=LABEL_SIZE, loc="lower right")
+    ax.set_xlabel("CPU latency, batch 1, p50 (ms)", fontsize=LABEL_SIZE)
+    ax.set_ylabel("score (%)", fontsize=LABEL_SIZE)
+    ax.tick_params(labelsize=LABEL_SIZE)
+    ax.set_title("Score vs latency (o teacher, □ student)", fontsize=TITLE_SIZE, loc="left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
+    """The confusion matrix of each model that has one (rows: true label, columns: predicted), on one
+    colour scale from zero; counts and label names on small ones, colour alone (label indices on the
+    axes) on large ones."""
+    matrices = r["confusion"]
+    labels = r["label_names"]
+    # one colour scale from zero for every panel: the same count is the same colour, and a near-uniform
+    # matrix looks near-uniform (each panel's own min-to-max scale made 12 vs 18 look like white vs navy)
+    largest = max(max(map(max, matrix)) for matrix in matrices.values()) or 1
+    fig, axes = plt.subplots(1, len(matrices), figsize=(2.8 * len(matrices) + 0.4, 3.2), squeeze=False)
+    for ax, (role, matrix) in zip(axes[0], matrices.items()):
+        ax.imshow(matrix, cmap="Blues", vmin=0, vmax=largest)
+        if len(labels) <= ANNOTATED_MAX_CLASSES:
+            for i, row in enumerate(matrix):
+                for j, count in enumerate(row):  # white on the dark half of the colour scale, black on the light
+                    ax.text(j, i, str(count), ha="center", va="center", fontsize=LABEL_SIZE,
+                            color="white" if count > largest / 2 else "black")
+            ax.set_xticks(range(len(labels)), labels, fontsize=LABEL_SIZE, rotation=30)
+            ax.set_yticks(range(len(labels)), labels, fontsize=LABEL_SIZE)
+        ax.set_xlabel("predicted", fontsize=LABEL_SIZE)
+        ax.set_ylabel("true", fontsize=LABEL_SIZE)
+        ax.set_title(f"{task}: {ROLES.get(role, role)}", fontsize=TITLE_SIZE)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def entity_figure(task: str, r: dict[str, Any], path: Path) -> Path:
+    """Tagging: F1 per entity type (first split), a bar per model in each type's group."""
+    per_type = r["per_type"]
+    kinds = sorted({kind for scores in per_type.values() for kind in scores})
+    models = list(per_type)
+    height = 0.8 / len(models)
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.2 + 0.25 * len(kinds) * len(models) + 0.25 * len(models)))
+    split = r["splits"][next(iter(r["splits"]))]
+    for n, model in enumerate(models):
+        values = [100 * per_type[model].get(kind, 0.0) for kind in kinds]
+        ax.barh([i + n * height for i in range(len(kinds))], values, height=height, color=f"C{n}",
+                label=row_label(model, split))
+    ax.set_yticks([i + height * (len(models) - 1) / 2 for i in range(len(kinds))], kinds, fontsize=LABEL_SIZE)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(f"entity F1 (%) on {next(iter(r['splits']))}", fontsize=LABEL_SIZE)
+    ax.set_title(f"{task}: F1 per entity type", fontsize=TITLE_SIZE, loc="left")
+    ax.legend(fontsize=LABEL_SIZE, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # below: no bar hidden
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def scatter_figure(task: str, r: dict[str, Any], path: Path) -> Path:
+    """Regression: predicted against gold score (first split), a panel per model, on one square range
+    with the diagonal a perfect model would lie on."""
+    pairs = r["scatter"]
+    values = [v for points in pairs.values() for point in points for v in point]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    margin = 0.03 * (high - low or 1.0)  # points on the edge stay whole
+    low, high = low - margin, high + margin
+    fig, axes = plt.subplots(1, len(pairs), figsize=(FIGURE_WIDTH, FIGURE_WIDTH / max(len(pairs), 2) + 0.6),
+                             squeeze=False)
+    split = next(iter(r["splits"]))
+    for ax, (model, points) in zip(axes[0], pairs.items()):
+        ax.scatter([g for g, _ in points], [p for _, p in points], s=8, alpha=0.5, color="tab:blue")
+        ax.plot([low, high], [low, high], color="grey", linewidth=1)
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_aspect("equal", adjustable="box")
+        score = r["splits"][split]["scores"].get(model, {}).get(r["metric"])
+        shown = f", {r['metric']} {100 * score:.1f}" if score is not None else ""
+        ax.set_title(f"{task}: {ROLES.get(model, model)}{shown}", fontsize=TITLE_SIZE)
+        ax.set_xlabel(f"gold ({split})", fontsize=LABEL_SIZE)
+        ax.set_ylabel("predicted", fontsize=LABEL_SIZE)
+        ax.tick_params(labelsize=LABEL_SIZE)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

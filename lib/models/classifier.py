@@ -1,0 +1,347 @@
+"""A task model on the pipeline's transformer (a sequence classifier, or per lib/tasks a
+regressor, a per-token tagger or span finder, a choice scorer), and its saved form.
+
+Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last
+real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooling
+[that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
+classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linear layer, or the head of
+transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
+layer without bias on a causal model's last token). LayerNorm stands in for ULMFiT's BatchNorm: it
+does not depend on the batch, so a prediction does not change with what it is batched with.
+Per-token types (tagging, span QA) put the head on every position's state instead.
+
+Saved as a folder: the backbone as lib.models.transformer writes it (model.safetensors + config.json), the head,
+classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
+`load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
+(`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
+folder is also its checkpoint for the task's type (EXPORTS: *ForSequenceClassification, also for
+regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
+in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
+"transformers" says why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, processors
+from torch import nn
+
+from lib.core.errors import UserError
+from lib.core.io import atomic_dir
+from lib.models.hf import export_family, load_exported, read_weights
+from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
+from lib.models.transformer import Transformer, TransformerConfig
+from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
+
+HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
+EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
+POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+@dataclass
+class HeadConfig:
+    n_classes: int
+    # concat pooling, the [CLS]/last token's state, or every position's state (tagging, QA spans)
+    features: Literal["concat", "token", "tokens"] = "concat"
+    block: bool = True  # ULMFiT's classifier block; false: one linear layer
+    hidden: int = 128
+    dropout: float = 0.1
+    # without the block: a dense d->d layer and this activation before the linear layer (BERT's pooler,
+    # RoBERTa's tanh head, ELECTRA's GELU one); None (what older classifier.json files mean): none
+    pooler: Literal["tanh", "gelu"] | None = None
+    bias: bool = True  # the last linear layer's bias (GPT-2's score layer has none)
+
+    def __post_init__(self):
+        if self.pooler is not None and (self.block or self.pooler not in POOLER_ACTIVATIONS):
+            raise ValueError(f"head pooler {self.pooler!r}: one of {', '.join(POOLER_ACTIVATIONS)}, without the block")
+
+
+def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadConfig:
+    """The plain variants' head, what transformers' sequence-classification model of the backbone's
+    family computes: on a causal model a linear layer without bias on the last real token (GPT-2's
+    `score`); on a bidirectional one dropout, dense, tanh, dropout, linear on [CLS] (BERT's pooler and
+    classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA."""
+    if cfg.causal:
+        return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
+    return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=head_activation(export_family(cfg)[0]))
+
+
+def head_activation(family: str | None) -> str:
+    """The activation of a bidirectional family's sequence-classification head: ELECTRA's GELU, else tanh."""
+    return "gelu" if family == "electra" else "tanh"
+
+
+class Classifier(nn.Module):
+    """`backbone` + the head `head` describes. A tanh pooler starts from the backbone's pretrained one
+    (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler)."""
+
+    def __init__(self, backbone: Transformer, head: HeadConfig):
+        super().__init__()
+        self.backbone, self.head_cfg = backbone, head
+        d = backbone.cfg.d_model * (3 if head.features == "concat" else 1)
+        if head.block:
+            self.head = nn.Sequential(nn.LayerNorm(d), nn.Dropout(head.dropout), nn.Linear(d, head.hidden), nn.ReLU(),
+                                      nn.LayerNorm(head.hidden), nn.Dropout(head.dropout),
+                                      nn.Linear(head.hidden, head.n_classes, bias=head.bias))
+        elif head.pooler is not None:
+            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, d), POOLER_ACTIVATIONS[head.pooler](),
+                                      nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
+        else:
+            self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
+        if head.pooler == "tanh" and backbone.pooler is not None and head.features == "token":
+            self.head[1].load_state_dict(backbone.pooler.dense.state_dict())
+            backbone.pooler, backbone.cfg = None, dataclasses.replace(backbone.cfg, pooler=False)
+
+    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
+               output_hidden_states: bool = False):
+        """(B, T, d_model) final hidden states; with output_hidden_states also every layer's (see Transformer)."""
+        segments = segment_ids if self.backbone.cfg.segment_vocab else None
+        return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states)
+
+    def token_state(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, d) the state that sums up a sequence: [CLS]'s, or for a causal model the last real token's,
+        the only one that has seen the whole sequence."""
+        if self.backbone.cfg.causal:
+            return hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(1) - 1]
+        return hidden[:, 0]
+
+    def features(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, F) sequence features from hidden states, padding excluded; (B, T, d) for "tokens"."""
+        if self.head_cfg.features == "tokens":
+            return hidden
+        token = self.token_state(hidden, attention_mask)
+        if self.head_cfg.features == "token":
+            return token
+        mask = attention_mask[..., None]
+        max_pool = hidden.masked_fill(~mask, float("-inf")).amax(1)
+        mean_pool = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return torch.cat([token, max_pool, mean_pool], dim=-1)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, Any]:
+        """(logits (B, n_classes), the final hidden states (B, T, d_model)); with output_hidden_states
+        (logits, (final states, every layer's)), the latter as Transformer returns them."""
+        hidden = self.encode(input_ids, segment_ids, attention_mask, output_hidden_states=output_hidden_states)
+        final = hidden[0] if output_hidden_states else hidden
+        return self.classify(self.features(final, attention_mask)), hidden
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's outputs, in fp32 even under bf16 autocast. The frozen probe's head has its features'
+        standardisation folded in: weights W / std and a bias that cancels W / std · mean, which bf16's 8
+        significant bits cannot carry (an IMDb probe that scored 56.7% in finetune scored 48.3% served in
+        bf16). The head is a small share of the model's compute."""
+        with torch.autocast(features.device.type, enabled=False):
+            return self.head(features.float())
+
+    def layer_groups(self, with_lm_head: bool = False) -> list[list[nn.Parameter]]:
+        """Bottom to top: the backbone's groups, with the head joining the top one (its final norm).
+        The LM head is left out unless an auxiliary LM loss trains it."""
+        groups = self.backbone.layer_groups()
+        lm_head = set() if with_lm_head else {id(p) for p in self.backbone.head.parameters()}
+        groups[-1] = [p for p in groups[-1] if id(p) not in lm_head] + list(self.head.parameters())
+        return groups
+
+
+def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor,
+            attention_mask: torch.Tensor) -> torch.Tensor:
+    """GPT-1's auxiliary loss while finetuning: next-token cross-entropy over the real tokens."""
+    logits = backbone.lm_logits(hidden[:, :-1])
+    targets = input_ids[:, 1:].masked_fill(~attention_mask[:, 1:], -100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+# Export: a model whose backbone and head transformers also has is saved as that family's checkpoint
+# for the task's type too. family -> (class, the names there of our head's layers: its dense layer
+# (None: it has none), its output layer)
+SEQUENCE_CLASSIFIERS = {
+    "bert": ("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
+    "roberta": ("RobertaForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "roberta-prelayernorm": ("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
+                             "classifier.out_proj"),
+    "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "gpt2": ("GPT2ForSequenceClassification", None, "score"),
+}
+CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
+                  "electra": "Electra", "gpt2": "GPT2"}
+EXPORTS = {  # task type -> family -> as SEQUENCE_CLASSIFIERS
+    "classification": SEQUENCE_CLASSIFIERS,
+    "regression": SEQUENCE_CLASSIFIERS,  # one output, problem_type "regression"
+    # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
+    # to one score per choice; ELECTRA's (a SequenceSummary) and GPT-2's (a double-heads LM) differ
+    "multiple_choice": {"bert": ("BertForMultipleChoice", "bert.pooler.dense", "classifier"),
+                        "roberta": ("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier"),
+                        "roberta-prelayernorm": ("RobertaPreLayerNormForMultipleChoice",
+                                                 "roberta_prelayernorm.pooler.dense", "classifier")},
+    # dropout and a linear layer on every position's state
+    "tagging": {family: (f"{prefix}ForTokenClassification", None, "classifier")
+                for family, prefix in CLASS_PREFIXES.items()},
+    "span_qa": {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs")
+                for family, prefix in CLASS_PREFIXES.items()},
+}
+PER_TOKEN_TYPES = ("tagging", "span_qa")
+
+
+def classifier_family(model: Classifier, special_ids: dict[str, int],
+                      task_type: str = "classification") -> tuple[str | None, str]:
+    """(the transformers family whose model for `task_type` computes what `model` does, "") or (None,
+    why there is none)."""
+    cfg, head = model.backbone.cfg, model.head_cfg
+    family, why = export_family(cfg)
+    if family is None:
+        return None, f"the backbone has no transformers equivalent ({why})"
+    if head.features == "concat" or head.block:
+        return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
+                     "transformers equivalent"
+    exports = EXPORTS[task_type]
+    if family not in exports:
+        return None, f"transformers has no {task_type} model of the {family} family that computes this head"
+    if cfg.causal and family != "gpt2":
+        return None, f"a causal {family}: transformers' {family} attends both ways"
+    name = exports[family][0]
+    if task_type in PER_TOKEN_TYPES:
+        if head.features != "tokens" or head.pooler is not None or not head.bias:
+            return None, f"{name}'s head is one linear layer with bias on every position; this head is not"
+        return family, ""
+    if family == "gpt2":
+        if head.pooler is not None or head.bias:
+            return None, "GPT-2's sequence-classification head is one linear layer without bias; this head is not"
+        if special_ids.get("pad") in (special_ids.get("eos"), None):
+            return None, "the pad token is also the end token, which GPT-2's head would skip as padding"
+        return family, ""
+    wanted = head_activation(family)
+    if head.pooler != wanted or not head.bias:
+        return None, f"{name}'s head is dense + {wanted} + linear with bias; this head is not"
+    return family, ""
+
+
+def head_tensor_names(model: Classifier, family: str, task_type: str = "classification") -> dict[str, str]:
+    """Our head's tensor names -> theirs in `family`'s checkpoint for `task_type`."""
+    _, dense, out = EXPORTS[task_type][family]
+    layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
+    names = {}
+    for name in model.head.state_dict():
+        layer, _, leaf = name.partition(".")
+        names[name] = f"{layers[layer]}.{leaf}"
+    return names
+
+
+def head_checkpoint(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
+    """(the head's tensors under transformers' names, the config.json keys) that make save_model's
+    `family` checkpoint the one for the task's type (meta["type"]): the class, the labels. A regression
+    model's standardised output is turned into the score there (see scale_output)."""
+    task_type = meta.get("type", "classification")
+    head = model.head.state_dict()
+    tensors = {theirs: head[ours].detach().cpu().contiguous()
+               for ours, theirs in head_tensor_names(model, family, task_type).items()}
+    config: dict[str, Any] = dict(architectures=[EXPORTS[task_type][family][0]],
+                                  classifier_dropout=model.head_cfg.dropout)
+    if task_type == "regression":
+        out = EXPORTS[task_type][family][2]
+        weight, bias = scale_output(tensors[f"{out}.weight"], tensors[f"{out}.bias"], **meta["info"])
+        tensors.update({f"{out}.weight": weight, f"{out}.bias": bias})
+        config.update(num_labels=1, problem_type="regression")
+    elif task_type in ("classification", "tagging"):
+        labels = meta.get("label_names") or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
+        config.update(num_labels=len(labels), id2label={str(i): name for i, name in enumerate(labels)},
+                      label2id={name: i for i, name in enumerate(labels)})
+        if task_type == "classification":
+            config["problem_type"] = "single_label_classification"
+    return tensors, config
+
+
+def scale_output(weight: torch.Tensor, bias: torch.Tensor, mean: float, std: float,
+                 inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output layer whose output is `std * ours + mean` (the score in label units, what
+    transformers' regression model should give), or with inverse the one it came from."""
+    if inverse:
+        return weight / std, (bias - mean) / std
+    return weight * std, bias * std + mean
+
+
+def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
+                   max_len: int | None) -> None:
+    """The tokenizer files, set up so that transformers encodes as lib.tasks.shared.encode does (texts within
+    max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
+    segment embeddings (GPT-2 would add them as tokens), max_len as model_max_length."""
+    for path in Path(tokenizer_dir).iterdir():
+        if path.is_file() and path.suffix == ".json" and path.name not in (CONFIG_FILE, META_FILE):
+            shutil.copy2(path, folder / path.name)
+    try:  # a checkpoint's own template (RoBERTa's <s> a </s></s> b </s>) is not the one training used
+        tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    except Exception:  # tokenizers raises bare Exceptions; a folder without a usable tokenizer is left as it is
+        return
+    bos, eos = (tokenizer.id_to_token(special_ids[role]) for role in ("bos", "eos"))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1",
+        special_tokens=[(bos, special_ids["bos"]), (eos, special_ids["eos"])])
+    tokenizer.save(str(folder / TOKENIZER_FILE))
+    path = folder / "tokenizer_config.json"
+    if path.is_file():
+        config = json.loads(path.read_text(encoding="utf-8"))
+        segments = ["token_type_ids"] if cfg.segment_vocab else []
+        config["model_input_names"] = ["input_ids", *segments, "attention_mask"]
+        if max_len:
+            config["model_max_length"] = max_len
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
+    """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
+    tokenizer files, written whole or not at all. Where transformers has the same backbone and head
+    (classifier_family), the folder is its sequence-classification checkpoint: the head's tensors sit
+    in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
+    pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
+    saying which (also classifier.json's "transformers")."""
+    special = saved_special_ids(tokenizer_dir)
+    task_type = meta.get("type", "classification")
+    family, why = classifier_family(model, special, task_type)
+    line = f"{EXPORTED}{EXPORTS[task_type][family][0]}" if family else f"lib layout only: {why}"
+    with atomic_dir(out_dir) as tmp:
+        if family is None:
+            save_model(model.backbone, tmp, special)
+            safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
+        else:
+            save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta))
+        info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
+        (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
+    return line
+
+
+def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tuple[Classifier, dict[str, Any]]:
+    """(classifier in eval mode, the contents of classifier.json) from a folder save_classifier wrote."""
+    model_dir = Path(model_dir)
+    try:
+        info = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
+        head = HeadConfig(**info["head"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
+                        "point at a folder written by the finetune stage") from None
+    if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
+        model = Classifier(load_model(model_dir), head)
+        load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
+    else:  # the head's tensors are in model.safetensors, under transformers' names: read the file once
+        theirs = read_weights(model_dir)
+        cfg = read_config(model_dir)
+        model = Classifier(load_exported(model_dir, cfg, theirs), head)
+        task_type = info.get("type", "classification")
+        names = head_tensor_names(model, export_family(cfg)[0], task_type)
+        missing = [t for t in names.values() if t not in theirs]
+        if missing:
+            raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the model's head); "
+                            "write the folder again with the finetune stage")
+        tensors = {ours: theirs[t] for ours, t in names.items()}
+        if task_type == "regression":
+            out = str(len(model.head) - 1)
+            tensors[f"{out}.weight"], tensors[f"{out}.bias"] = scale_output(
+                tensors[f"{out}.weight"], tensors[f"{out}.bias"], **info["info"], inverse=True)
+        model.head.load_state_dict(tensors)
+    return model.to(device).eval(), info

@@ -1,0 +1,100 @@
+"""Model folders: the one module that reads and writes them (a stage's output, a published checkpoint).
+
+A folder holds `config.json` and `model.safetensors`. A model that a transformers architecture computes
+exactly is written in that architecture's layout (lib/models/hf.py), with our own config kept under
+EXPORT_KEY, so the folder loads in transformers too; any other model in this module's own layout (the
+dataclass fields of TransformerConfig). A published checkpoint (a config.json with a `model_type`) is
+imported through lib/models/hf.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import torch.nn as nn
+from safetensors import SafetensorError
+
+from lib.core.errors import UserError, one_line
+from lib.core.io import atomic_dir
+from lib.models import hf
+from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_checkpoint, export_family
+from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
+from lib.models.transformer import Transformer, TransformerConfig
+
+
+def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
+               task_head: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
+    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: a transformers
+    checkpoint where a transformers architecture computes exactly what this model does (lib.models.hf, which
+    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout. `task_head`:
+    (tensors, config.json keys) a task model adds to the transformers checkpoint, so the file is
+    written once (lib.models.classifier)."""
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
+    family, _ = export_family(model.cfg)
+    if task_head is not None and family is None:
+        raise ValueError("a task head's tensors go into a transformers checkpoint; this model has none")
+    with atomic_dir(out_dir) as tmp:
+        if family is None:
+            safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
+            config = dataclasses.asdict(model.cfg)
+        else:
+            config, tensors = export_checkpoint(model, family, special_ids or {})
+            head_tensors, head_config = task_head or ({}, {})
+            config.update(head_config)
+            safetensors.torch.save_file({**tensors, **head_tensors}, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Rebuild the model from config.json and load its weights strictly; returned in eval mode
+    (call .train() to train it). Also a published Hugging Face checkpoint (BERT, RoBERTa, DistilBERT,
+    ELECTRA, GPT-2, RoBERTa-PreLayerNorm), through lib.models.hf, with transformers' hidden states."""
+    from lib.models import hf  # lib.hf builds on this module
+
+    model_dir = Path(model_dir)
+    config = read_config_json(model_dir)
+    if EXPORT_KEY in config:
+        return hf.load_exported(model_dir, read_config(model_dir)).to(device).eval()
+    if "model_type" in config:
+        return hf.import_model(model_dir).model.to(device)
+    model = Transformer(read_config(model_dir))
+    load_weights(model, model_dir / MODEL_FILE, model_dir / CONFIG_FILE)
+    return model.to(device).eval()
+
+
+def read_config(model_dir: Path) -> TransformerConfig:
+    """The config of a model folder save_model wrote (or of a published checkpoint)."""
+    config = read_config_json(model_dir)
+    if "model_type" in config and EXPORT_KEY not in config:
+        return load_model(model_dir).cfg  # a published checkpoint: its weights tell whether it has a pooler
+    try:
+        return TransformerConfig(**config.get(EXPORT_KEY, config))
+    except (ValueError, TypeError) as err:  # unknown/invalid fields
+        raise UserError(f"{Path(model_dir) / CONFIG_FILE}: cannot build the model config ({one_line(err)}); "
+                        "point at a folder written by save_model") from None
+
+
+def read_config_json(model_dir: Path) -> dict:
+    path = Path(model_dir) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # missing, not JSON
+        raise UserError(f"{path}: cannot read the model config ({one_line(err)}); "
+                        "point at a model folder the pipeline wrote, or a Hugging Face checkpoint") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a model config (a JSON object)")
+    return config
+
+
+def load_weights(module: nn.Module, weights_path: Path, config_path: Path) -> None:
+    """Load the safetensors file `weights_path` into `module` (built from `config_path`) strictly; a
+    missing, truncated or corrupt file, or tensors that do not fit the module, end in one line."""
+    try:
+        safetensors.torch.load_model(module, weights_path, strict=True)
+    except FileNotFoundError:
+        raise UserError(f"{weights_path}: not found; point at a folder the pipeline wrote whole") from None
+    except (SafetensorError, RuntimeError, OSError) as err:  # corrupt file; missing/unexpected/mis-sized tensors
+        raise UserError(f"{weights_path}: does not match {config_path.name} or is corrupt ({one_line(err)})") from None

@@ -1,0 +1,147 @@
+"""The task type interface (see lib/tasks/__init__.py) and the parts every type shares."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from lib.config.params import TaskConfig
+from lib.core.errors import UserError
+from lib.data.sources import read_rows, split_columns
+from lib.tasks.shared import TaskData, hashed_split, hashed_subset, text_hash
+
+
+class TaskType:
+    """The common parts; a type overrides what its rows, head and scores need."""
+
+    name: str
+    per_token = False  # the head reads every position's state, not the sequence's summary
+    head_dropout = True  # dropout before the output layer of the plain head (BERT's QA head has none)
+
+    # reading -------------------------------------------------------------------------------------
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list, dict[str, int]]:
+        """(items, skipped rows by reason) of `split`; `train`: the train split's items when reading an
+        evaluation split."""
+        raise NotImplementedError
+
+    def hash_text(self, item: Any) -> str:
+        """The text that decides on which side of the dev carve an item falls."""
+        raise NotImplementedError
+
+    def prepare(self, cfg: TaskConfig, train: list, key: str) -> tuple[list[str], dict[str, Any]]:
+        """(label names, info) from the train items (all of them, dev included)."""
+        return [], {}
+
+    def encode(self, items: list, cfg: TaskConfig, tokenizer, special: dict[str, int], label_names: list[str],
+               info: dict[str, Any], key: str, causal: bool = False) -> tuple[list, int]:
+        """(examples, number truncated); `causal`: whether the model reads each position's left context only."""
+        raise NotImplementedError
+
+    def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
+             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
+             causal: bool = False) -> TaskData:
+        """The task's train, dev (hashed out of train) and evaluation examples, encoded for a causal model
+        (`causal`) or one that attends both ways."""
+        key = f"tasks.{name}"
+        eval_split = cfg.eval_splits[0]
+        train_items, train_skipped = self.read(cfg, cfg.train_split, key, None)
+        if not train_items:
+            raise UserError(f"{key}: split '{cfg.train_split}' has no usable row (skipped: {train_skipped}); "
+                            "check the task's fields and type")
+        labeled = cfg.label_field in split_columns(cfg.source, eval_split, key)
+        eval_items, eval_skipped = self.read(cfg, eval_split, key, train_items) if labeled else ([], {})
+        if labeled and not eval_items and not self.unlabeled(eval_skipped):
+            raise UserError(f"{key}: split '{eval_split}' has no usable row (skipped: {eval_skipped})")
+        label_names, info = self.prepare(cfg, train_items, key)
+        train, dev = self.split_train(train_items, key, dev_fraction=dev_fraction, dev_max=dev_max,
+                                      max_train=max_train)
+        if eval_items:
+            kept = hashed_subset([text_hash(self.hash_text(item)) for item in eval_items],
+                                 [text_hash(repr(item)) for item in eval_items], max_eval)
+            eval_items = [eval_items[i] for i in kept]
+        info = {**info, **self.fit(cfg, train, key)}
+        encoded, truncated = {}, {}
+        for split, items in (("train", train), ("dev", dev), ("eval", eval_items)):
+            encoded[split], truncated[split] = self.encode(items, cfg, tokenizer, special, label_names, info, key,
+                                                           causal)
+        return TaskData(
+            name=name, label_names=label_names, train=encoded["train"], dev=encoded["dev"],
+            eval=encoded["eval"] or None, eval_split=eval_split,
+            skipped={**{f"train.{k}": v for k, v in train_skipped.items()},
+                     **{f"eval.{k}": v for k, v in eval_skipped.items()}},
+            truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
+            type=self.name, info=info, references={"train": train, "dev": dev, "eval": eval_items})
+
+    def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
+                    max_train: int | None) -> tuple[list, list]:
+        """(train items, dev items) of the train split's items: dev hashed out by `hash_text`, at most
+        max_train of the rest (lib.tasks.shared.hashed_split)."""
+        hashes = [text_hash(self.hash_text(item)) for item in items]
+        ties = [text_hash(repr(item)) for item in items]
+        train_ids, dev_ids = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max,
+                                          max_train=max_train)
+        return [items[i] for i in train_ids], [items[i] for i in dev_ids]
+
+    def unlabeled(self, skipped: dict[str, int]) -> bool:
+        """Whether an evaluation split that gave no items is an unlabeled one (GLUE's -1 or null labels),
+        which gives no evaluation rather than an error."""
+        return bool(skipped.get("unlabeled") or skipped.get("label_missing"))
+
+    def fit(self, cfg: TaskConfig, train: list, key: str) -> dict[str, Any]:
+        """Info taken from the selected train items (regression's target scale)."""
+        return {}
+
+    # training ------------------------------------------------------------------------------------
+    def n_outputs(self, task: TaskData) -> int:
+        raise NotImplementedError
+
+    def collate(self, examples: Sequence, pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def units(self, example: Any) -> int:
+        """How many terms of the loss's mean this example gives."""
+        return 1
+
+    def inputs(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, segment_ids, attention_mask), (N, T) each, as the model reads them."""
+        return batch["input_ids"], batch["segment_ids"], batch["attention_mask"]
+
+    def shape(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The head's outputs on `inputs(batch)` as the loss and predictions take them."""
+        return outputs
+
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
+        """(outputs, hidden states) of `model` (a lib.models.classifier.Classifier) on `batch`."""
+        outputs, hidden = model(*self.inputs(batch), output_hidden_states=output_hidden_states)
+        return self.shape(outputs, batch), hidden
+
+    def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
+        raise NotImplementedError
+
+    # scoring -------------------------------------------------------------------------------------
+    def class_names(self, task: TaskData) -> list[str] | None:
+        """The rows and columns of the confusion matrix `score` gives, None where it gives none."""
+        return None
+
+    def predict(self, outputs: torch.Tensor, examples: Sequence, task: TaskData) -> list:
+        """One prediction per example of a batch, on the CPU."""
+        raise NotImplementedError
+
+    def score(self, task: TaskData, split: str, predictions: list, metrics: list[str],
+              calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+        """({metric: value} of `predictions` (one per example of task.<split>), extras: what the
+        evaluation split takes from dev's (calibration), a confusion matrix, a breakdown)."""
+        raise NotImplementedError
+
+
+def read_split(cfg: TaskConfig, split: str, key: str, fields: dict[str, str], also: Sequence[str] = ()):
+    """The rows of `split` with `fields` (our name -> the params key that names the source field) and
+    the source fields `also` under their own names."""
+    return read_rows(cfg.source, split, {**{ours: getattr(cfg, which) for ours, which in fields.items()},
+                                         **{name: name for name in also}}, key,
+                     field_keys={ours: f"{key}.{which}" for ours, which in fields.items()})
+
+
+def move(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
