@@ -27,7 +27,7 @@ from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier
 from lib.models.folder import MODEL_FILE
 from lib.tasks import TYPES
-from lib.tasks.shared import encode_rows, encode_task, example_hash, read_task, read_unlabeled
+from lib.tasks.classification import encode_rows, encode_task, example_hash, read_task, read_unlabeled
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.distill import DistillResult, distill_task

@@ -48,7 +48,7 @@ from lib.models.classifier import META_FILE
 from lib.models.folder import load_model
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.serving.predict import TextClassifier, log_pyfunc
-from lib.tasks.shared import read_task
+from lib.tasks.classification import read_task
 
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 

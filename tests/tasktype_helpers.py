@@ -14,7 +14,7 @@ from lib.data.tokenizer import special_ids, train_tokenizer
 from lib.models.hf import import_tokenizer
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import TYPES
-from lib.tasks.shared import TaskData
+from lib.tasks.base import TaskData
 from lib.training.finetune import setup
 from tests.helpers import ROOT
 

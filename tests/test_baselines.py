@@ -13,7 +13,8 @@ from lib.config.params import SpecialTokens, TokenizerConfig
 from lib.data.tokenizer import special_ids, train_tokenizer
 from lib.evaluation.baselines import label_scores, tfidf_baseline, zero_shot
 from lib.models.transformer import Transformer, TransformerConfig
-from lib.tasks.shared import Row, TaskRows, _cut, _pair_lengths
+from lib.tasks.classification import Row, TaskRows
+from lib.tasks.encoding import cut, pair_lengths
 
 FILLER = "the a of to in movie film plot actor scene story music ending first last very quite".split()
 CUES = (["great", "love", "best", "funny"], ["awful", "boring", "worst", "hate"], ["long", "short", "odd", "new"])
@@ -143,7 +144,7 @@ def test_scores_are_summed_label_token_log_probs_after_the_cut_prompt(tokenizer,
     suffix = ids(tokenizer, " It was")
     budget = max_len - 1 - len(suffix) - max(map(len, labels))
     for r, row in enumerate(rows):
-        prompt = _cut(ids(tokenizer, row.a), budget, "head_tail") + suffix
+        prompt = cut(ids(tokenizer, row.a), budget, "head_tail") + suffix
         for i, label in enumerate(labels):
             assert scores[r, i].item() == pytest.approx(direct_score(lm, special["bos"], prompt, label), abs=1e-4)
     assert len(ids(tokenizer, rows[1].a)) > budget
@@ -159,8 +160,8 @@ def test_pair_template(tokenizer, special):
     a, b = ids(tokenizer, rows[0].a), ids(tokenizer, rows[0].b)
     labels = [ids(tokenizer, word) for word in words]
     room = 30 - 1 - len(ids(tokenizer, " was")) - len(ids(tokenizer, "?")) - max(map(len, labels))
-    len_a, len_b = _pair_lengths(len(a), len(b), room)
-    prompt = _cut(a, len_a, "tail") + ids(tokenizer, " was") + _cut(b, len_b, "tail") + ids(tokenizer, "?")
+    len_a, len_b = pair_lengths(len(a), len(b), room)
+    prompt = cut(a, len_a, "tail") + ids(tokenizer, " was") + cut(b, len_b, "tail") + ids(tokenizer, "?")
     for i, label in enumerate(labels):
         assert scores[0, i].item() == pytest.approx(direct_score(lm, special["bos"], prompt, label), abs=1e-4)
 

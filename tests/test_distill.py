@@ -20,7 +20,8 @@ from lib.training.distill import (SOFT_LOSSES, build_student, distill_task, hidd
                          soft_loss, span_soft_loss, student_plan, teacher_outputs, token_soft_loss)
 from lib.core.errors import UserError
 from lib.tasks import TYPES, multiple_choice, regression, span_qa, tagging
-from lib.tasks.shared import UNLABELED, Example, TaskData
+from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.classification import Example
 from lib.training.finetune import run_variant, score_split
 from tests.helpers import write_jsonl_gz
 from tests import tasktype_helpers

@@ -11,7 +11,8 @@ from sklearn.linear_model import LogisticRegression
 from lib.config.params import FinetuneConfig, ImplConfig
 from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
-from lib.tasks.shared import Example, TaskData, collate
+from lib.tasks.base import TaskData
+from lib.tasks.classification import Example, collate
 from lib.training.finetune import FullTrainer, ProbeTrainer, run_variant, setup
 from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 

@@ -13,7 +13,7 @@ import torch
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
 from lib.serving.predict import TextClassifier
-from lib.tasks.shared import encode
+from lib.tasks.encoding import encode
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -164,7 +164,7 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     from lib.training.finetune import setup
     from lib.models.transformer import Transformer, TransformerConfig
     from lib.config.params import FinetuneConfig
-    from lib.tasks.shared import TaskData
+    from lib.tasks.base import TaskData
     from lib.tasks import TYPES
 
     fields = SHAPES[shape][0]

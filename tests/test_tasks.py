@@ -9,9 +9,10 @@ import torch
 
 from lib.config.params import SpecialTokens, TaskConfig, TokenizerConfig
 from lib.core.errors import UserError
-from lib.tasks.shared import (UNLABELED, Batch, Example, Row, _pair_lengths, batches, encode, example_hash, load_task,
-                       read_unlabeled)
 from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from lib.tasks.base import UNLABELED
+from lib.tasks.classification import Example, Row, collate, example_hash, load_task, read_unlabeled
+from lib.tasks.encoding import batch_indices, encode, pair_lengths
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 BOS, EOS, PAD = 2, 3, 0
@@ -84,7 +85,7 @@ def test_pair_lengths_match_token_by_token_longest_first():
     for budget in range(0, 25):
         for len_a in range(0, 30):
             for len_b in range(0, 30):
-                assert _pair_lengths(len_a, len_b, budget) == brute_force_lengths(len_a, len_b, budget)
+                assert pair_lengths(len_a, len_b, budget) == brute_force_lengths(len_a, len_b, budget)
 
 
 def test_pair_truncation_longest_first(tokenizer):
@@ -320,6 +321,11 @@ def test_truncation_counted_per_split(tokenizer, tmp_path):
 
 # batches --------------------------------------------------------------------------------------------
 
+def batches(examples: list[Example], batch_size: int, pad_id: int, seed: int | None = None):
+    """The collated batches finetune's loop makes of `examples` (lib.tasks.encoding.batch_indices)."""
+    return [collate([examples[i] for i in group], pad_id) for group in batch_indices(examples, batch_size, seed)]
+
+
 def examples_of_lengths(lengths: list[int]) -> list[Example]:
     return [Example(list(range(10, 10 + n)), [0] * (n - 1) + [1], label) for label, n in enumerate(lengths)]
 
@@ -332,8 +338,6 @@ def test_padding_and_attention_mask():
     assert batch.attention_mask.tolist() == [[True] * 5, [True] * 3 + [False] * 2, [True] * 2 + [False] * 3]
     assert batch.input_ids.dtype == batch.segment_ids.dtype == batch.labels.dtype == torch.long
     assert batch.attention_mask.dtype == torch.bool
-    moved = batch.to("cpu")
-    assert isinstance(moved, Batch) and torch.equal(moved.input_ids, batch.input_ids)
 
 
 def test_batches_cover_every_example_once_and_follow_the_seed():

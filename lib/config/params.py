@@ -102,6 +102,8 @@ class TaskConfig:
     stride: int = 128  # span_qa: context tokens shared by consecutive windows of a long context
     max_question_len: int = 64  # span_qa: question tokens kept
     max_answer_len: int = 30  # span_qa: the longest answer, in tokens, decoding may pick
+    data_label: str | None = None  # what the data is, beside the task's name wherever its scores are shown
+    data_note: str | None = None  # a sentence on the data, printed with the task's scores in the report
 
     def __post_init__(self):
         if self.metrics is None:
@@ -302,7 +304,7 @@ class ElectraConfig:
 
 @dataclass
 class OptimizerConfig:
-    """AdamW and the optimizer step (lib/training/fit.py), the same keys in every stage that trains."""
+    """AdamW and the optimizer step (lib/training/optim.py), the same keys in every stage that trains."""
 
     weight_decay: float = 0.01  # on matrices, never on biases and norms
     beta1: float = 0.9
@@ -320,7 +322,7 @@ class OptimizerConfig:
 
 @dataclass
 class TrainConfig(OptimizerConfig):
-    """One run of the trainer (lib/training/trainer.py). Its length is a budget: tokens, minutes, whichever first."""
+    """One run of the trainer (lib/training/budget_loop.py). Its length is a budget: tokens, minutes, whichever first."""
 
     seq_len: int = 128
     batch_size: int = 32  # sequences per micro-batch

@@ -28,7 +28,8 @@ from sklearn.linear_model import LogisticRegression
 
 from lib.evaluation.metrics import compute_metrics, confusion_matrix
 from lib.models.transformer import Transformer
-from lib.tasks.shared import Row, TaskRows, TRUNCATIONS, _cut, _pair_lengths
+from lib.tasks.classification import Row, TaskRows
+from lib.tasks.encoding import TRUNCATIONS, cut, pair_lengths
 
 WORD = re.compile(r"\w+")
 FIELDS = re.compile(r"(\{text\}|\{text_pair\})")  # the placeholders of a zero-shot template
@@ -135,7 +136,7 @@ def label_scores(lm: Transformer, tokenizer, special: dict[str, int], rows: list
 
     The prompt is `template` with "{text}" replaced by row.a and "{text_pair}" by row.b (required for
     pair rows). The template's pieces and the texts are encoded separately without special tokens,
-    so only the texts are cut (`truncation`, as lib.tasks.shared cuts task inputs; a pair longest-first)
+    so only the texts are cut (`truncation`, as lib.tasks.encoding cuts task inputs; a pair longest-first)
     until [bos] + prompt + the longest label word fit `max_len`. `lm` must already be on `device`;
     it runs in eval mode (its mode is restored afterwards), `batch_size` sequences at a time."""
     if not lm.cfg.causal:
@@ -219,7 +220,7 @@ def _prompts(tokenizer, rows: list[Row], template: str, budget: int, truncation:
                if pair else [[] for _ in rows])
     prompts = []
     for a, b in zip(texts_a, texts_b):
-        len_a, len_b = _pair_lengths(len(a), len(b), room) if pair else (min(len(a), room), 0)
-        text = {"{text}": _cut(a, len_a, truncation), "{text_pair}": _cut(b, len_b, truncation)}
+        len_a, len_b = pair_lengths(len(a), len(b), room) if pair else (min(len(a), room), 0)
+        text = {"{text}": cut(a, len_a, truncation), "{text_pair}": cut(b, len_b, truncation)}
         prompts.append([token for piece in pieces for token in (text[piece] if piece in text else fixed[piece])])
     return prompts

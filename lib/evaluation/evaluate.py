@@ -26,8 +26,8 @@ from lib.evaluation.efficiency import profile
 from lib.evaluation.metrics import squad_scores
 from lib.models.classifier import load_classifier
 from lib.tasks import TYPES
+from lib.tasks.base import TaskData
 from lib.tasks.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity
-from lib.tasks.shared import TaskData
 from lib.tasks.span_qa import golds
 from lib.training.finetune import predict_all, score_split
 
@@ -35,20 +35,11 @@ BASELINES = {"regression": "tfidf_similarity", "tagging": "lexicon", "span_qa": 
              "multiple_choice": "tfidf_choice"}
 CLASSIFICATION_ONLY = ("ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are "
                        "classification-only so far: none of them was run for this {type} task.")
-SQUAD_LABEL = "SQuAD dev, article split"
-SQUAD_NOTE = ("Data: our SQuAD copies are the official dev set split by article (../shared/data/squad/PROVENANCE.md, "
-              "squad_v2/ likewise): "
-              "every score of this task is on part of the official dev set (\"SQuAD dev, article split\"), "
-              "never comparable with the official leaderboard.")
 TIMED = {"regression": "one sentence pair of {seq_len} tokens per call",
          "tagging": "one sentence of {seq_len} tokens per call, a tag per token",
          "span_qa": "one window of {seq_len} tokens per call (a longer context takes several)",
          "multiple_choice": "one question per call: its {n} (context, ending) sequences of {seq_len} tokens as "
                             "one batch of {n}; throughput in sequences/s (÷ {n} for questions/s)"}
-
-
-def is_squad(name: str, cfg: TaskConfig) -> bool:
-    return cfg.type == "span_qa" and "squad" in f"{name} {cfg.source}".lower()
 
 
 def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
@@ -65,8 +56,8 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
                               "confusion": {}}
     if "teacher" in loaded:
         result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
-    if is_squad(name, task_cfg):
-        result["data"] = {"label": SQUAD_LABEL, "note": SQUAD_NOTE}
+    if task_cfg.data_label or task_cfg.data_note:
+        result["data"] = {"label": task_cfg.data_label, "note": task_cfg.data_note}
     # teacher and student are of one family: the examples are encoded for it (tagging's causal layout)
     causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)

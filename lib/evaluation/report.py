@@ -14,7 +14,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-FINETUNE_ORDER = ("ulmfit", "plain", "from_scratch", "frozen")
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
 # there, and drawing one text per cell took minutes (300 classes: 250 s)
 ANNOTATED_MAX_CLASSES = 20
@@ -73,7 +72,7 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
     for task, r in results.items():
         metric = r["metric"]
         lines += [f"## {task}", ""]
-        if r.get("data"):
+        if (r.get("data") or {}).get("note"):
             lines += [f"**{r['data']['note']}**", ""]
         if r.get("note"):
             lines += [r["note"], ""]
@@ -164,9 +163,10 @@ def row_label(model: str, split: dict[str, Any]) -> str:
 
 
 def task_title(task: str, r: dict[str, Any]) -> str:
-    """A task's name where a figure shows its scores, with what its data is where that matters (SQuAD:
-    the official dev set split by article)."""
-    return f"{task} ({r['data']['label']})" if r.get("data") else task
+    """A task's name where a figure shows its scores, with what its data is where its params say
+    (`data_label`: SQuAD's copies are the official dev set split by article)."""
+    label = (r.get("data") or {}).get("label")
+    return f"{task} ({label})" if label else task
 
 
 def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:

@@ -36,10 +36,10 @@ from torch import nn
 
 from lib.core.errors import UserError
 from lib.core.io import atomic_dir
-from lib.models.hf import export_family, load_exported, read_weights
-from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
+from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
+from lib.models.hf import export_family, load_exported, read_weights
+from lib.models.transformer import Transformer, TransformerConfig
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
 EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
@@ -268,7 +268,7 @@ def scale_output(weight: torch.Tensor, bias: torch.Tensor, mean: float, std: flo
 
 def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
                    max_len: int | None) -> None:
-    """The tokenizer files, set up so that transformers encodes as lib.tasks.shared.encode does (texts within
+    """The tokenizer files, set up so that transformers encodes as lib.tasks.encoding.encode does (texts within
     max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
     segment embeddings (GPT-2 would add them as tokens), max_len as model_max_length."""
     for path in Path(tokenizer_dir).iterdir():

@@ -52,8 +52,6 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transform
     """Rebuild the model from config.json and load its weights strictly; returned in eval mode
     (call .train() to train it). Also a published Hugging Face checkpoint (BERT, RoBERTa, DistilBERT,
     ELECTRA, GPT-2, RoBERTa-PreLayerNorm), through lib.models.hf, with transformers' hidden states."""
-    from lib.models import hf  # lib.hf builds on this module
-
     model_dir = Path(model_dir)
     config = read_config_json(model_dir)
     if EXPORT_KEY in config:

@@ -3,7 +3,7 @@
 
 A type says, for lib/training/finetune.py's one fit loop:
 - how a split's rows are read (bad rows skipped and counted by reason) and which text hashes them
-  into train and dev (`load`, with lib.tasks.shared' hashed dev carve and limits, shared by every type);
+  into train and dev (`load`, with lib.tasks.base's hashed dev carve and limits, shared by every type);
 - how items become model inputs and batches (`collate`: a dict of tensors), and what the head puts
   out: one vector per sequence or one per token (`per_token`), of `n_outputs(task)` values;
 - the forward pass over a batch (multiple choice runs the encoder over every choice), the loss, and

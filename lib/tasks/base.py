@@ -1,6 +1,17 @@
-"""The task type interface (see lib/tasks/__init__.py) and the parts every type shares."""
+"""The task type interface (see lib/tasks/__init__.py) and the parts every type shares: TaskData, and
+the dev set hashed out of train.
+
+The dev set that picks the best epoch is carved out of train by a hash of each item's text, not by
+position or a seeded shuffle: the same rows land in dev whatever the row order, the seed or the
+variant, so every run of a task is selected on the same items, and identical texts fall on the same
+side, so a duplicate in train can not leak a dev item's label. `max_train`/`max_eval` keep the items
+of smallest hash for the same reasons: a quick run's subset is fixed, and the dev set does not change
+with max_train (runs with different training sizes are compared on the same dev).
+"""
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -9,7 +20,74 @@ from torch import nn
 from lib.config.params import TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import read_rows, split_columns
-from lib.tasks.shared import TaskData, hashed_split, hashed_subset, text_hash
+
+UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)
+
+
+@dataclass
+class TaskData:
+    """A task's model inputs: each type's own examples, each with the `ids` that batches sort by length."""
+    name: str
+    label_names: list[str]  # index -> name (tagging: the tags; [] where a type has no classes)
+    train: list
+    dev: list  # carved from train by hash; picks the best epoch
+    eval: list | None  # the first of cfg.eval_splits; None when that split has no labels
+    eval_split: str
+    skipped: dict[str, int]  # dropped rows per "<train|eval>.<reason>"
+    truncated: dict[str, int]  # examples cut to max_len per split: "train" (train + dev) and "eval"
+    type: str = "classification"
+    info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
+    references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
+
+    def size(self, split: str) -> int:
+        """How many items `split` ("train", "dev", "eval") holds: rows, not model inputs (a question of
+        span QA may be several windows)."""
+        if split in self.references:
+            return len(self.references[split])
+        examples = {"train": self.train, "dev": self.dev, "eval": self.eval}[split]
+        return len(examples) if examples is not None else 0
+
+
+def text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def hashed_split(hashes: list[int], ties: list, key: str, *, dev_fraction: float, dev_max: int,
+                 max_train: int | None) -> tuple[list[int], list[int]]:
+    """(train indices, dev indices) of train items with these hashes: dev is the hash range below
+    dev_fraction (at most dev_max items), train the rest, at most max_train of smallest hash (`ties`
+    breaks equal hashes). Raises UserError naming `key` when either side is empty."""
+    dev_ids = _carve_dev(hashes, dev_fraction, dev_max)
+    train_ids = [i for i in range(len(hashes)) if i not in dev_ids]
+    if not dev_ids or not train_ids:
+        side = "dev" if not dev_ids else "train"
+        raise UserError(f"{key}: no {side} examples left after hashing finetune.dev_fraction = {dev_fraction} "
+                        f"of the {len(hashes)} train rows into dev; use more data or change dev_fraction")
+    return smallest_hashes(train_ids, hashes, ties, max_train), sorted(dev_ids)
+
+
+def hashed_subset(hashes: list[int], ties: list, limit: int | None) -> list[int]:
+    """The indices of at most `limit` items of smallest hash, in their order."""
+    return smallest_hashes(list(range(len(hashes))), hashes, ties, limit)
+
+
+def _carve_dev(hashes: list[int], fraction: float, dev_max: int) -> set[int]:
+    """Indices whose hash is below `fraction` of the hash range, at most `dev_max` of the smallest."""
+    dev = [i for i, h in enumerate(hashes) if h < fraction * 2**64]
+    if len(dev) > dev_max:
+        # Cut at a hash, not a count: identical texts (equal hashes) on the boundary all leave dev.
+        cutoff = sorted(hashes[i] for i in dev)[dev_max]
+        dev = [i for i in dev if hashes[i] < cutoff]
+    return set(dev)
+
+
+def smallest_hashes(ids: list[int], hashes: list[int], labels: list[int], limit: int | None) -> list[int]:
+    """The `limit` of `ids` with the smallest hash, in their original order. The label breaks ties
+    (identical texts), so the choice does not depend on row order."""
+    if limit is None or len(ids) <= limit:
+        return ids
+    kept = set(sorted(ids, key=lambda i: (hashes[i], labels[i]))[:limit])
+    return [i for i in ids if i in kept]
 
 
 class TaskType:
@@ -76,7 +154,7 @@ class TaskType:
     def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
                     max_train: int | None) -> tuple[list, list]:
         """(train items, dev items) of the train split's items: dev hashed out by `hash_text`, at most
-        max_train of the rest (lib.tasks.shared.hashed_split)."""
+        max_train of the rest (hashed_split)."""
         hashes = [text_hash(self.hash_text(item)) for item in items]
         ties = [text_hash(repr(item)) for item in items]
         train_ids, dev_ids = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max,

@@ -6,7 +6,7 @@
   drop every other). A row with another count, a label that is not an index of its
   endings, or an empty text is skipped and counted by reason: one malformed row should not stop a run,
   and a ragged batch could not be a (B, n_choices, T) tensor.
-- Each choice is encoded as its own pair by `lib.tasks.shared.encode`, `[bos] context [eos] ending [eos]`,
+- Each choice is encoded as its own pair by `lib.tasks.encoding.encode`, `[bos] context [eos] ending [eos]`,
   segment 0 then 1, cut longest-first to max_len (so a long context gives way before a short ending).
   A feature holds its question's n_choices sequences; a batch pads all of them to its longest one.
 - The type's forward runs the model on the (B * n_choices, T) flattened batch, its head (one output)
@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from lib.config.params import TaskConfig
 from lib.evaluation.metrics import choice_accuracy, confusion_matrix
+from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.shared import TaskData, padded
-from lib.tasks.shared import encode as encode_texts
+from lib.tasks.encoding import encode as encode_texts
+from lib.tasks.encoding import padded
 
 
 class Question(NamedTuple):
@@ -74,7 +75,7 @@ def read_rows(rows: Iterable[dict[str, Any]], n_choices: int | None = None, *, c
 def encode(items: list[Question], tokenizer, special: dict[str, int], max_len: int,
            truncation: str) -> tuple[list[Choices], int]:
     """(features, number of choice sequences truncated): each (context, ending) pair laid out by
-    lib.tasks.shared.encode (`special`: role -> id), grouped per question in the order of its endings. One
+    lib.tasks.encoding.encode (`special`: role -> id), grouped per question in the order of its endings. One
     encode call for all pairs: the tokenizer batches them across threads."""
     contexts = [item.context for item in items for _ in item.endings]
     endings = [ending for item in items for ending in item.endings]

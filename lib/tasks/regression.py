@@ -3,8 +3,8 @@
 - Rows become `Scored(a, b, value)`. A label that is not a finite number (null, NaN, a bool, a string
   that does not parse as one) is skipped and counted by reason, never a traceback: one bad line should
   not stop a run, and the counts say how many there were. -1 is GLUE's mark of an unlabeled test
-  row (lib.tasks.shared.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
-- Texts are laid out as lib.tasks.shared lays out classification inputs, by `lib.tasks.shared.encode`:
+  row (lib.tasks.base.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
+- Texts are laid out as lib.tasks.encoding lays out every pair, by `lib.tasks.encoding.encode`:
   `[bos] a [eos] b [eos]`, segment 0 then 1, cut longest-first to max_len.
 - The model is the task's sequence model (lib.models.classifier.Classifier) with one output, read as a
   standardised score: prediction = output * std + mean, with the train targets' mean and std kept in
@@ -30,8 +30,9 @@ from lib.config.params import TaskConfig
 from lib.core.errors import UserError
 from lib.evaluation.metrics import pearson, spearman
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.shared import UNLABELED, TaskData, padded
-from lib.tasks.shared import encode as encode_texts
+from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.encoding import encode as encode_texts
+from lib.tasks.encoding import padded
 
 
 class Scored(NamedTuple):
@@ -99,7 +100,7 @@ def target_scale(items: list[Scored], key: str) -> tuple[float, float]:
 
 def encode(items: list[Scored], tokenizer, special: dict[str, int], max_len: int,
            truncation: str) -> tuple[list[Example], int]:
-    """(examples, number truncated): each item laid out by lib.tasks.shared.encode (`special`: role -> id)."""
+    """(examples, number truncated): each item laid out by lib.tasks.encoding.encode (`special`: role -> id)."""
     pair = bool(items) and items[0].b is not None
     ids, segments, truncated = encode_texts(tokenizer, [item.a for item in items],
                                             [item.b for item in items] if pair else None,

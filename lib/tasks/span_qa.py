@@ -46,8 +46,8 @@ from lib.core.errors import UserError
 from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
 from lib.evaluation.metrics import apply_no_answer_threshold, best_no_answer_threshold, squad_scores
+from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.shared import TaskData
 
 NO_ANSWER = 0  # the [bos] position: the target and the score of "no answer"
 

@@ -42,8 +42,8 @@ from lib.config.params import TaskConfig
 from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
 from lib.evaluation.metrics import confusion_matrix, entity_scores
+from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.shared import TaskData
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
 OUTSIDE = "O"

@@ -53,12 +53,14 @@ from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskType, move
-from lib.tasks.shared import UNLABELED, TaskData, batch_indices
+from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.encoding import batch_indices
 from lib.tasks.tagging import IGNORE
 from lib.training import distributed
 from lib.training.distributed import Context
 from lib.training.finetune import run_name, score_split
-from lib.training.fit import EpochLoop, adamw, warmup_decay
+from lib.training.epoch_loop import EpochLoop
+from lib.training.optim import adamw, warmup_decay
 
 
 @dataclass
@@ -299,7 +301,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     gets all of them), trains on its share of every batch (DDP) and scores every world-th batch;
     rank 0 writes the checkpoints. With impl.strategy fsdp the teacher and the student are sharded
     over the ranks, and the returned student is whole on rank 0 only. `unlabeled` (examples the teacher
-    alone labels, lib.tasks.shared.Example with label UNLABELED) is for a classification task only."""
+    alone labels, lib.tasks.classification.Example with label UNLABELED) is for a classification task only."""
     kind = TYPES[task.type]
     if task.type not in SOFT_LOSSES:
         raise UserError(f"tasks.{task.name}.type: distill has no soft loss for type {task.type!r} "
@@ -446,6 +448,6 @@ def train_epoch(synced: nn.Module, task: TaskData, transfer: list, cache: Teache
 
 
 def is_labeled(example) -> bool:
-    """Whether an example has a gold label: all but the unlabeled transfer text (lib.tasks.shared.Example with
+    """Whether an example has a gold label: all but the unlabeled transfer text (lib.tasks.classification.Example with
     label UNLABELED) that only the teacher labels."""
     return getattr(example, "label", None) != UNLABELED

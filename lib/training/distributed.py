@@ -293,14 +293,6 @@ def load_full_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, 
         api.set_optimizer_state_dict(module, optimizer, optimizer_state, options=options)
 
 
-def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of `module`'s state dict to load back later (the best epoch's weights): in CPU memory,
-    or for a sharded module its shards where they are, 1/world of the model on each rank."""
-    if sharded(module):
-        return {k: v.detach().clone() for k, v in module.state_dict().items()}
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-
 def to_cpu(module: nn.Module, context: Context) -> nn.Module:
     """`module` whole in CPU memory, to be saved: moved there, or if sharded gathered there on rank 0
     (unshard: FSDP's own `to` would reshard it; the other ranks' copies are no longer usable)."""

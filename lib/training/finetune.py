@@ -20,7 +20,7 @@ Variants, so that each trick's value shows next to its baseline:
   alone hold.
 
 Every full variant keeps the weights of its best epoch on the dev set (the task's first metric) and
-stops after `patience` epochs without improvement (lib.training.fit.EpochLoop, which checkpoints every epoch,
+stops after `patience` epochs without improvement (lib.training.epoch_loop.EpochLoop, which checkpoints every epoch,
 so a killed run resumes after its last finished one); the probe is fit in one pass, its
 regularisation picked on the dev set. The kept weights are scored on the evaluation split.
 """
@@ -43,11 +43,13 @@ from lib.core.progress import Progress
 from lib.models.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
+from lib.tasks.base import TaskData
 from lib.tasks.base import move
-from lib.tasks.shared import TaskData, batch_indices
+from lib.tasks.encoding import batch_indices
 from lib.training import distributed
 from lib.training.distributed import Context
-from lib.training.fit import EpochLoop, adamw, slanted_triangular, warmup_decay
+from lib.training.epoch_loop import EpochLoop
+from lib.training.optim import adamw, slanted_triangular, warmup_decay
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The trainer on a tiny stand-in module: budget, schedule, NaN handling, checkpoints, exact resume."""
+"""The token-budget loop (lib/training/budget_loop.py) on a tiny stand-in module: budget, schedule, NaN handling, checkpoints, exact resume."""
 import json
 import math
 
@@ -13,8 +13,8 @@ from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.training.checkpoint import KEEP, checkpoints
-from lib.training.fit import adamw, discriminative_groups, slanted_triangular
-from lib.training.trainer import Trainer, lr_multiplier, planned_tokens
+from lib.training.optim import adamw, discriminative_groups, slanted_triangular
+from lib.training.budget_loop import Trainer, lr_multiplier, planned_tokens
 
 VOCAB = 40
 

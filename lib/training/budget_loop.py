@@ -1,4 +1,4 @@
-"""The token-budgeted training loop of pretrain and adapt (its optimizer and step: lib/training/fit.py).
+"""The token-budgeted training loop of pretrain and adapt (its optimizer and step: lib/training/optim.py).
 
 It knows nothing of models or objectives: it trains any module whose forward(tokens, word_starts)
 returns (loss, metrics), reads batches by step number, and reports through callbacks. A run's
@@ -25,7 +25,7 @@ from lib.data.windows import WindowBatches
 from lib.training import distributed
 from lib.training.checkpoint import load_checkpoint, save_run
 from lib.training.distributed import Context
-from lib.training.fit import Stepper, adamw, slanted_triangular, warmup_decay
+from lib.training.optim import Stepper, adamw, slanted_triangular, warmup_decay
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure

@@ -1,5 +1,5 @@
-"""The shared fit mechanics (lib/training/fit.py): the optimizer step's non-finite-loss rule, and the epoch
-loop's best epoch, patience and exact resume, through finetune's full variants."""
+"""The optimizer step's non-finite-loss rule (lib/training/optim.py), and the epoch loop's (lib/training/epoch_loop.py)
+best epoch, patience and exact resume, through finetune's full variants."""
 import dataclasses
 import math
 
@@ -9,7 +9,8 @@ import torch
 from lib.config.params import FinetuneConfig
 from lib.core.errors import UserError
 from lib.training.finetune import FullTrainer, run_variant, setup
-from lib.training.fit import EpochLoop, Stepper, adamw
+from lib.training.epoch_loop import EpochLoop
+from lib.training.optim import Stepper, adamw
 from tests.test_finetune import CFG, IMPL, PAD, backbone, toy_task
 
 
