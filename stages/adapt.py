@@ -7,40 +7,28 @@ group's LR is the one above it / adapt.lr_decay) and the slanted triangular sche
 domain validation metrics before and after. With `adapt.enabled: false` the pretrained model goes to
 --out unchanged and the metrics say so, so that the value of adapting can be measured.
 """
-import argparse
 import shutil
-from pathlib import Path
 
 import torch
 
-from lib.config.params import load_params, stage_params
-from lib.core import tracking
 from lib.core.errors import run_main
-from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.io import atomic_dir, write_csv, write_json
+from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.folder import read_config
 from lib.objectives import build_objective, fitting_objective, load_objective
-from lib.training import distributed
 from lib.training.lm import CURVES, LMPaths, train_language_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--model", type=Path, default=Path("models/pretrain"))
-    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/domain"))
-    parser.add_argument("--out", type=Path, default=Path("models/adapt"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/adapt.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/adapt"))
-    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/adapt"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
-    params = load_params(args.params)
-    keyed_on = stage_params(params, "adapt")
+    stage = open_stage("adapt", __doc__, inputs={"model": "models/pretrain", "tokens": "data/tokens/domain"},
+                       outputs={"out": "models/adapt", "metrics": "metrics/adapt.json", "plots": "plots/adapt",
+                                "checkpoints": "data/checkpoints/adapt"})
+    args, params = stage.args, stage.params
 
-    if params.adapt.enabled and distributed.relaunch(params.impl, "stages.adapt"):
+    if params.adapt.enabled and stage.relaunch():
         return
-    with tracking.stage_run("adapt", params.tracking, params, keyed_on) as run:
+    with stage.run() as run:
         if not params.adapt.enabled:
             with atomic_dir(args.out) as tmp:
                 shutil.copytree(args.model, tmp, dirs_exist_ok=True)
@@ -59,7 +47,7 @@ def main() -> None:
         if not load_objective(objective, args.model) and name == "electra":
             print(f"warning: {args.model} has no ELECTRA generator; adapting with a fresh one", flush=True)
         paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
-        metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, keyed_on,
+        metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage.keyed_on,
                                        layer_groups=objective.backbone().layer_groups(), measure_before=True)
         if metrics:  # rank 0's
             print(f"domain validation loss {metrics['before_val_loss']:.4f} -> {metrics['val_loss']:.4f}", flush=True)

@@ -5,34 +5,26 @@ Reads the `pretrain` and `domain` corpora named in params.yaml (their copies in 
 --raw/eval_texts.json names, not params.yaml's `tasks`, so that only a change there reruns it); writes
 `<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
 """
-import argparse
 import json
 from pathlib import Path
 
-from lib.config.params import load_params, stage_params
-from lib.core import tracking
 from lib.core.errors import run_main
-from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
+from lib.core.stage import open_stage
 from lib.data.clean import DocumentCleaner, build_contamination_index
 from lib.data.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
 from lib.data.raw import IDENTITY_FILE, localize, read_eval_text_spec
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
-    parser.add_argument("--out", type=Path, default=Path("data/clean"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/clean.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/clean"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics, args.plots)
-    params = load_params(args.params)
+    stage = open_stage("clean", __doc__, inputs={"raw": "data/raw"},
+                       outputs={"out": "data/clean", "metrics": "metrics/clean.json", "plots": "plots/clean"})
+    args, params = stage.args, stage.params
     cfg = params.clean
     local = localize(params, args.raw)
 
-    with tracking.stage_run("clean", params.tracking, params, stage_params(params, "clean")) as run:
+    with stage.run() as run:
         contamination = None
         if cfg.decontaminate.enabled:
             # cleaned by the same rules, so an evaluation text matches its cleaned copy in a document

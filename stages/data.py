@@ -8,29 +8,22 @@ changed. Writes the metrics JSON: per name, its source, who uses it, where the r
 and data/raw/eval_texts.json, each task's evaluation splits and text fields, which `clean` removes from
 the LM corpora (lib.data.raw.eval_text_spec).
 """
-import argparse
-from pathlib import Path
 
-from lib.config.params import load_params, stage_params
-from lib.core import tracking
 from lib.core.errors import run_main
-from lib.core.io import check_writable, write_json
+from lib.core.io import write_json
+from lib.core.stage import open_stage
 from lib.data.raw import read_all, up_to_date, write_eval_text_spec
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", type=Path, default=Path("data/raw"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/data.json"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics)
-    params = load_params(args.params)
+    stage = open_stage("data", __doc__, inputs={},
+                       outputs={"out": "data/raw", "metrics": "metrics/data.json"})
+    args, params = stage.args, stage.params
     if up_to_date(params, args.out) and args.metrics.is_file():  # the usual case: say so, track nothing
         write_eval_text_spec(params, args.out)  # a task's evaluation splits or fields may have changed
         print(f"data: every source is in {args.out} already, read with the same identity; nothing to do", flush=True)
         return
-    with tracking.stage_run("data", params.tracking, params, stage_params(params, "data")) as run:
+    with stage.run() as run:
         report = read_all(params, args.out)
         write_eval_text_spec(params, args.out)  # after every source is read: a failed stage writes nothing
         write_json(args.metrics, report)

@@ -12,16 +12,15 @@ the teacher to label; trains the student and writes:
 - an MLflow child run per task under this stage's run.
 A finished task is kept in --checkpoints and a task in progress resumes from its last epoch.
 """
-import argparse
 import dataclasses
 import json
 import shutil
-from pathlib import Path
 
-from lib.config.params import ParamsError, load_params, stage_params
-from lib.core import runtime, tracking
+from lib.config.params import ParamsError
+from lib.core import runtime
 from lib.core.errors import UserError, run_main
-from lib.core.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
+from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
+from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier
@@ -37,36 +36,28 @@ STUDENT, RESULT = "student", "result.json"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
-    parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
-    parser.add_argument("--out", type=Path, default=Path("models/distill"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/distill.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/distill"))
-    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/distill"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
-    params = load_params(args.params)
-    if distributed.relaunch(params.impl, "stages.distill"):
+    stage = open_stage("distill", __doc__, inputs={"raw": "data/raw", "teachers": "models/finetune"},
+                       outputs={"out": "models/distill", "metrics": "metrics/distill.json",
+                                "plots": "plots/distill", "checkpoints": "data/checkpoints/distill"})
+    args, params = stage.args, stage.params
+    if stage.relaunch():
         return
     cfg = params.distill
     local = localize(params, args.raw).tasks
     tasks = {name: local[name] for name in cfg.tasks}
     check_unlabeled(cfg.unlabeled, tasks)
-    keyed_on = stage_params(params, "distill")
     device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
     runtime_facts = runtime.configure(params.impl, device)
     metrics, results = {}, {}
-    with tracking.stage_run("distill", params.tracking, params, keyed_on) as run:
+    with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         for number, (name, task_cfg) in enumerate(tasks.items(), 1):
             distributed.say(context, f"distill: {run_name(name, 'student', params.seed)} (run {number} of {len(tasks)})")
             teacher_dir = args.teachers / name
             teacher, info = load_classifier(teacher_dir)
-            run_id = fingerprint(keyed_on, task=name, device=device.type,
+            run_id = fingerprint(stage.keyed_on, task=name, device=device.type,
                                  teacher=file_sha256(teacher_dir / MODEL_FILE))
             task_dir = args.checkpoints / name
             record = task_dir / RESULT

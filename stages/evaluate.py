@@ -23,7 +23,6 @@ at batch 1, on torch's CPU threads, beside their PyTorch CPU latency; the studen
 weights (ONNX Runtime's dynamic quantization), what a CPU deployment would run, is scored on every
 split the student is and timed the same way.
 """
-import argparse
 import hashlib
 import json
 import platform
@@ -33,10 +32,11 @@ from pathlib import Path
 
 import torch
 
-from lib.config.params import Params, load_params, stage_params
+from lib.config.params import Params
 from lib.core import runtime, tracking
 from lib.core.errors import UserError, run_main
-from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.io import atomic_dir, write_csv, write_json
+from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.baselines import tfidf_baseline, zero_shot, zero_shot_problem
@@ -53,22 +53,13 @@ from lib.tasks.classification import read_task
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
-    parser.add_argument("--lm", type=Path, default=Path("models/adapt"))
-    parser.add_argument("--teachers", type=Path, default=Path("models/finetune"))
-    parser.add_argument("--students", type=Path, default=Path("models/distill"))
-    parser.add_argument("--pretrain-metrics", type=Path, default=Path("metrics/pretrain.json"))
-    parser.add_argument("--adapt-metrics", type=Path, default=Path("metrics/adapt.json"))
-    parser.add_argument("--finetune-metrics", type=Path, default=Path("metrics/finetune.json"))
-    parser.add_argument("--distill-metrics", type=Path, default=Path("metrics/distill.json"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/evaluate.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/evaluate"))
-    parser.add_argument("--report", type=Path, default=Path("reports"))
-    args = parser.parse_args()
-    check_writable(args.metrics, args.plots, args.report)
-    params = load_params(args.params)
+    stage = open_stage("evaluate", __doc__,
+                       inputs={"raw": "data/raw", "lm": "models/adapt", "teachers": "models/finetune",
+                               "students": "models/distill", "pretrain_metrics": "metrics/pretrain.json",
+                               "adapt_metrics": "metrics/adapt.json", "finetune_metrics": "metrics/finetune.json",
+                               "distill_metrics": "metrics/distill.json"},
+                       outputs={"metrics": "metrics/evaluate.json", "plots": "plots/evaluate", "report": "reports"})
+    args, params = stage.args, stage.params
     # scored and timed at deployment precision (auto), whatever precision training ran in
     runtime_facts = runtime.configure(replace(params.impl, precision="auto"), runtime.resolve_device(params.device))
     finetuned = read_json(args.finetune_metrics)
@@ -77,7 +68,7 @@ def main() -> None:
     warnings = [f"**{stage} stopped early**: {metrics['stopped_early']}." for stage, metrics in lm_metrics.items()
                 if "stopped_early" in metrics]
     results = {}
-    with tracking.stage_run("evaluate", params.tracking, params, stage_params(params, "evaluate")) as run:
+    with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         lm = load_model(args.lm)
         lm_tokenizer = load_tokenizer(args.lm)

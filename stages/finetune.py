@@ -10,17 +10,15 @@ For every task in finetune.tasks it loads the labeled data as its type reads it 
 A finished run is kept in --checkpoints, so a killed stage started again skips what it had done, and
 a run in progress resumes after its last finished epoch.
 """
-import argparse
 import json
 import shutil
 import statistics
-from pathlib import Path
 
-from lib.config.params import load_params, stage_params
-from lib.core import runtime, tracking
+from lib.core import runtime
 from lib.core.errors import run_main
-from lib.core.io import atomic_dir, check_writable, file_sha256, write_csv, write_json
+from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
 from lib.core.progress import Progress, RunTimes, duration
+from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier
@@ -34,23 +32,15 @@ BEST = "best"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--raw", type=Path, default=Path("data/raw"))
-    parser.add_argument("--model", type=Path, default=Path("models/adapt"))
-    parser.add_argument("--out", type=Path, default=Path("models/finetune"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/finetune.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/finetune"))
-    parser.add_argument("--checkpoints", type=Path, default=Path("data/checkpoints/finetune"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics, args.plots, args.checkpoints)
-    params = load_params(args.params)
-    if distributed.relaunch(params.impl, "stages.finetune"):
+    stage = open_stage("finetune", __doc__, inputs={"raw": "data/raw", "model": "models/adapt"},
+                       outputs={"out": "models/finetune", "metrics": "metrics/finetune.json",
+                                "plots": "plots/finetune", "checkpoints": "data/checkpoints/finetune"})
+    args, params = stage.args, stage.params
+    if stage.relaunch():
         return
     cfg = params.finetune
     local = localize(params, args.raw).tasks
     tasks = {name: local[name] for name in cfg.tasks}
-    keyed_on = stage_params(params, "finetune")
 
     device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
@@ -63,7 +53,7 @@ def main() -> None:
     special = saved_special_ids(args.model)
     adapted = load_model(args.model)
     # a kept run is reused only by a stage with the same params, starting model and device
-    run_id = fingerprint(keyed_on, device=device.type,
+    run_id = fingerprint(stage.keyed_on, device=device.type,
                          model=file_sha256(args.model / MODEL_FILE))
     metrics, curves = {}, {}
     seeds = range(params.seed, params.seed + cfg.seeds)
@@ -71,7 +61,7 @@ def main() -> None:
     times = RunTimes()  # a run's time depends on its task and variant far more than on its seed
     runs = Progress("finetune", len(kinds), "runs", estimate=lambda: times.eta_s(kinds[runs.done:]),
                     out=lambda line: distributed.say(context, line))
-    with tracking.stage_run("finetune", params.tracking, params, keyed_on) as run:
+    with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
             task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,

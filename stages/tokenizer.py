@@ -8,16 +8,14 @@ each corpus and split, `<corpus>/<split>.{bin,idx,wstart,json}`, replaced togeth
 never meet another vocabulary (each records the SHA-256 of the tokenizer.json that encoded it, and
 the training stages check it); a metrics JSON and a document-length plot CSV.
 """
-import argparse
 from pathlib import Path
 
 import numpy as np
 
-from lib.config.params import load_params, stage_params
-from lib.core import tracking
 from lib.core.errors import run_main
-from lib.core.io import atomic_dir, check_writable, write_csv, write_json
+from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
+from lib.core.stage import open_stage
 from lib.data.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
 from lib.data.packed import PackedTokens, encode_to_packed
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
@@ -27,18 +25,13 @@ TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--clean", type=Path, default=Path("data/clean"))
-    parser.add_argument("--out", type=Path, default=Path("data/tokens"))
-    parser.add_argument("--metrics", type=Path, default=Path("metrics/tokenizer.json"))
-    parser.add_argument("--plots", type=Path, default=Path("plots/tokenizer"))
-    args = parser.parse_args()
-    check_writable(args.out, args.metrics, args.plots)
-    params = load_params(args.params)
+    stage = open_stage("tokenizer", __doc__, inputs={"clean": "data/clean"},
+                       outputs={"out": "data/tokens", "metrics": "metrics/tokenizer.json",
+                                "plots": "plots/tokenizer"})
+    args, params = stage.args, stage.params
     cfg = params.tokenizer
 
-    with tracking.stage_run("tokenizer", params.tracking, params, stage_params(params, "tokenizer")) as run:
+    with stage.run() as run:
         with atomic_dir(args.out) as out:
             if params.init:
                 tokenizer = save_tokenizer(checkpoint_folder(params), params.init, out / TOKENIZER)

@@ -91,5 +91,6 @@ def test_outputs_persist(stage):
 
 @pytest.mark.parametrize("stage", DVC)
 def test_stage_scripts_key_their_params_on_dvc_yaml(stage):
-    """The script reads its params list from dvc.yaml (lib.config.params.stage_params), no second list."""
-    assert f'stage_params(params, "{stage}")' in (ROOT / f"stages/{stage}.py").read_text()
+    """The script opens as its stage (lib.core.stage.open_stage), which reads the params list from
+    dvc.yaml (lib.config.params.stage_params): no second list."""
+    assert f'open_stage("{stage}", __doc__' in (ROOT / f"stages/{stage}.py").read_text()

@@ -1,0 +1,55 @@
+"""What every stage script does first: read its paths from the command line, check that its outputs can
+be written, load and validate params.yaml, and open its tracked run, keyed on the params dvc.yaml
+lists for it (lib.config.params.stage_params).
+
+    stage = open_stage("clean", __doc__, inputs={"raw": "data/raw"},
+                       outputs={"out": "data/clean", "metrics": "metrics/clean.json", "plots": "plots/clean"})
+    with stage.run() as run:
+        ...  # stage.args.raw, stage.args.out, ..., stage.params
+
+A path argument is `--<name>` (underscores as dashes), its default the path dvc.yaml passes.
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from lib.config.params import Params, load_params, stage_params
+from lib.core import tracking
+from lib.core.io import check_writable
+from lib.training import distributed
+
+
+@dataclass
+class Stage:
+    name: str
+    args: argparse.Namespace  # --params and one Path per input and output
+    params: Params
+    keyed_on: dict[str, Any]  # the params dvc.yaml lists for the stage: what its progress and run are keyed on
+
+    def relaunch(self) -> bool:
+        """Under impl.processes > 1, start this stage again under torchrun and return True (the caller
+        returns: the launched processes do the work); False where this process is to do it."""
+        return distributed.relaunch(self.params.impl, f"stages.{self.name}")
+
+    @contextmanager
+    def run(self) -> Iterator[tracking.StageRun]:
+        """The stage's MLflow run (a no-op where tracking is off), ended with the stage's status."""
+        with tracking.stage_run(self.name, self.params.tracking, self.params, self.keyed_on) as run:
+            yield run
+
+
+def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str]) -> Stage:
+    """Parse the command line (`doc`'s first line is its help), check every output writable (one line
+    naming the first that is not), and load params.yaml (one line naming a bad key)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    for option, default in {**inputs, **outputs}.items():
+        parser.add_argument(f"--{option.replace('_', '-')}", type=Path, default=Path(default))
+    args = parser.parse_args()
+    check_writable(*(getattr(args, option) for option in outputs))
+    params = load_params(args.params)
+    return Stage(name, args, params, stage_params(params, name))
