@@ -33,8 +33,7 @@ from lib.core import runtime
 from lib.core.errors import UserError
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.models.classifier import META_FILE, Classifier, load_classifier
-from lib.tasks.classification import Example, collate
-from lib.tasks.encoding import encode
+from lib.tasks.encoding import encode, padded
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,9 +118,8 @@ class TextClassifier:
         with torch.inference_mode(), runtime.autocast(self.device, self.precision):
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
-                # collate wants a label per example; predictions have none, and it is never read
-                batch = collate([Example(ids[i], segments[i], 0) for i in rows], self.special["pad"]).to(self.device)
-                logits, _ = self.model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+                inputs = padded([(ids[i], segments[i]) for i in rows], self.special["pad"])
+                logits, _ = self.model(*(t.to(self.device, non_blocking=True) for t in inputs))
                 probabilities[rows] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
         return probabilities
 
