@@ -1,4 +1,5 @@
-"""The token-budget loop (lib/training/budget_loop.py) on a tiny stand-in module: budget, schedule, NaN handling, checkpoints, exact resume."""
+"""The token-budget loop (lib/training/budget_loop.py) on a tiny stand-in module: budget, schedule, NaN
+handling, checkpoints, exact resume."""
 import json
 import math
 

@@ -1,5 +1,5 @@
-"""The optimizer step's non-finite-loss rule (lib/training/optim.py), and the epoch loop's (lib/training/epoch_loop.py)
-best epoch, patience and exact resume, through finetune's full variants."""
+"""The optimizer step's non-finite-loss rule (lib/training/optim.py), and the epoch loop's
+(lib/training/epoch_loop.py) best epoch, patience and exact resume, through finetune's full variants."""
 import dataclasses
 import math
 

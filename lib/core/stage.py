@@ -12,10 +12,9 @@ A path argument is `--<name>` (underscores as dashes), its default the path dvc.
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 from lib.config.params import Params, load_params, stage_params
 from lib.core import tracking
@@ -35,11 +34,9 @@ class Stage:
         returns: the launched processes do the work); False where this process is to do it."""
         return distributed.relaunch(self.params.impl, f"stages.{self.name}")
 
-    @contextmanager
-    def run(self) -> Iterator[tracking.StageRun]:
+    def run(self) -> ContextManager[tracking.StageRun]:
         """The stage's MLflow run (a no-op where tracking is off), ended with the stage's status."""
-        with tracking.stage_run(self.name, self.params.tracking, self.params, self.keyed_on) as run:
-            yield run
+        return tracking.stage_run(self.name, self.params.tracking, self.params, self.keyed_on)
 
 
 def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str]) -> Stage:

@@ -11,9 +11,8 @@ nothing else about it. The contract:
 from torch's global RNG, which the trainer checkpoints and, for validation, seeds.
 
 A new objective is a module in this package with a subclass of `Objective` (lib/objectives/base.py)
-decorated with `@register`;
-every module here is imported below, so nothing else changes (but `lib.config.params.Objective` lists the
-names params.yaml accepts).
+decorated with `@register`; every module here is imported below, so nothing else changes (but
+`lib.config.params.Objective` lists the names params.yaml accepts).
 """
 from __future__ import annotations
 
