@@ -418,7 +418,7 @@ class FinetuneConfig(OptimizerConfig):
     aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
     patience: int = 2  # epochs without a better dev score before stopping
     # with `init` set, these values replace the keys above of the same name: a published transformer
-    # wants far gentler LRs than ULMFiT's, which were tuned for an LSTM (docs/results.md: the ablation from MiniLM)
+    # wants far gentler LRs than ULMFiT's, which were tuned for an LSTM (docs/results/: the ablation from MiniLM)
     with_init: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
