@@ -58,8 +58,8 @@ from lib.core.errors import one_line, run_main  # noqa: E402
 from lib.models.transformer import Transformer, TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
-from lib.training.optim import adamw  # noqa: E402
 from lib.training.budget_loop import PEAK_BF16_FLOPS  # noqa: E402
+from lib.training.optim import adamw  # noqa: E402
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}  # random tokens are drawn above these
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -16,14 +16,14 @@ from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.folder import read_config
-from lib.objectives import build_objective, fitting_objective, load_objective
+from lib.objectives import build_objective, check_objective, fitting_objective, load_objective
 from lib.training.lm import CURVES, LMPaths, train_language_model
 
 
 def main() -> None:
     stage = open_stage("adapt", __doc__, inputs={"model": "models/pretrain", "tokens": "data/tokens/domain"},
                        outputs={"out": "models/adapt", "metrics": "metrics/adapt.json", "plots": "plots/adapt",
-                                "checkpoints": "data/checkpoints/adapt"})
+                                "checkpoints": "data/checkpoints/adapt"}, checks=[check_objective])
     args, params = stage.args, stage.params
 
     if params.adapt.enabled and stage.relaunch():

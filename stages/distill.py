@@ -23,9 +23,9 @@ from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.classifier import load_classifier, save_classifier
+from lib.models.classifier import load_classifier, save_classifier, saved_type
 from lib.models.folder import MODEL_FILE
-from lib.tasks import TYPES
+from lib.tasks import TYPES, check_tasks
 from lib.tasks.classification import encode_rows, encode_task, example_hash, read_task, read_unlabeled
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
@@ -38,14 +38,14 @@ STUDENT, RESULT = "student", "result.json"
 def main() -> None:
     stage = open_stage("distill", __doc__, inputs={"raw": "data/raw", "teachers": "models/finetune"},
                        outputs={"out": "models/distill", "metrics": "metrics/distill.json",
-                                "plots": "plots/distill", "checkpoints": "data/checkpoints/distill"})
+                                "plots": "plots/distill", "checkpoints": "data/checkpoints/distill"},
+                       checks=[check_tasks])
     args, params = stage.args, stage.params
     if stage.relaunch():
         return
     cfg = params.distill
     local = localize(params, args.raw).tasks
     tasks = {name: local[name] for name in cfg.tasks}
-    check_unlabeled(cfg.unlabeled, tasks)
     device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
     device = distributed.device_for(context, device)
@@ -81,12 +81,12 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     cfg, ft = params.distill, params.finetune
     tokenizer = load_tokenizer(teacher_dir)
     special = saved_special_ids(teacher_dir)
-    taught_as = info.get("type", "classification")  # a classifier.json from before task types is one
+    taught_as = saved_type(info).name
     if taught_as != task_cfg.type:
         raise UserError(f"tasks.{name}.type: {task_cfg.type}, but the teacher in {teacher_dir} was finetuned as "
                         f"{taught_as}; run the finetune stage again")
     unlabeled, skipped = [], {}
-    if task_cfg.type == "classification":  # its rows are hashed to keep the unlabeled texts apart from dev and eval
+    if TYPES[task_cfg.type].unlabeled_transfer:  # its rows are hashed to keep the unlabeled texts apart from dev and eval
         rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
                          max_train=ft.train_limit(name), max_eval=ft.eval_limit(name))
         task = encode_task(rows, task_cfg, tokenizer, special)
@@ -131,15 +131,6 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     print(f"{name}: {task_dir / STUDENT} as {save_classifier(student, task_dir / STUDENT, teacher_dir, meta)}", flush=True)
     write_json(task_dir / RESULT, {"fingerprint": run_id, "result": result.__dict__})
     return result
-
-
-def check_unlabeled(unlabeled: dict[str, str], tasks: dict) -> None:
-    """Unlabeled transfer text (distill.unlabeled) is read and labeled as classification text: refuse it,
-    before any task is distilled, for a task of another type."""
-    for name, split in unlabeled.items():
-        if name in tasks and tasks[name].type != "classification":
-            raise ParamsError(f"distill.unlabeled.{name}: {split!r} names unlabeled text for a {tasks[name].type} "
-                              "task; only classification tasks take unlabeled transfer text: remove the entry")
 
 
 def summarise(result: DistillResult, metric_names: list[str], info: dict) -> dict:

@@ -48,6 +48,7 @@ from lib.models.classifier import META_FILE
 from lib.models.folder import load_model
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.serving.predict import TextClassifier, log_pyfunc
+from lib.tasks import check_tasks, task_type
 from lib.tasks.classification import read_task
 
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
@@ -58,7 +59,8 @@ def main() -> None:
                                "students": "models/distill", "pretrain_metrics": "metrics/pretrain.json",
                                "adapt_metrics": "metrics/adapt.json", "finetune_metrics": "metrics/finetune.json",
                                "distill_metrics": "metrics/distill.json"},
-                       outputs={"metrics": "metrics/evaluate.json", "plots": "plots/evaluate", "report": "reports"})
+                       outputs={"metrics": "metrics/evaluate.json", "plots": "plots/evaluate", "report": "reports"},
+                       checks=[check_tasks])
     args, params = stage.args, stage.params
     # scored and timed at deployment precision (auto), whatever precision training ran in
     runtime_facts = runtime.configure(replace(params.impl, precision="auto"), runtime.resolve_device(params.device))
@@ -78,7 +80,7 @@ def main() -> None:
             task_cfg = local.tasks[name]
             models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
                       if (folder / name).is_dir()}
-            if task_cfg.type == "classification":
+            if task_type(task_cfg).served:  # raw strings through lib.serving, as a user would
                 results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                               lm_tokenizer, special, params)
             else:  # scored as finetune scores the type (lib.evaluation.evaluate); ONNX, zero-shot, pyfunc noted as not run
@@ -139,14 +141,15 @@ def evaluate_task(name, task_cfg, models, finetuned, distilled, lm, lm_tokenizer
         if first and finetuned:
             scores.update(variant_means(finetuned))
         print(f"{name} {split}: TF-IDF baseline on {len(rows.train)} train examples", flush=True)
-        baseline = tfidf_baseline(rows, metric_names, c_grid=tuple(cfg.tfidf_c))
+        baseline = tfidf_baseline(rows.train, rows.dev, rows.eval, n_classes, metric_names, c_grid=tuple(cfg.tfidf_c))
         scores["tfidf"] = tfidf_scores(baseline)
         if first:  # every task has this one: plots/evaluate/confusion is never empty, so never missing from git
             result["confusion"]["tfidf"] = baseline["confusion"]
         full = read_task(name, task_cfg, eval_split=split, **selection)
         if len(full.train) > len(rows.train):  # finetuning used a subset: show what all of train gives
             print(f"{name} {split}: TF-IDF baseline on all {len(full.train)} train examples", flush=True)
-            scores["tfidf_full_train"] = tfidf_scores(tfidf_baseline(full, metric_names, c_grid=tuple(cfg.tfidf_c)))
+            scores["tfidf_full_train"] = tfidf_scores(tfidf_baseline(
+                full.train, full.dev, full.eval, n_classes, metric_names, c_grid=tuple(cfg.tfidf_c)))
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
             zero_shot_note = zero_shot_problem(name, prompt.label_words, rows.label_names)

@@ -23,7 +23,7 @@ from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier
 from lib.models.folder import MODEL_FILE, load_model
-from lib.tasks import TYPES
+from lib.tasks import TYPES, check_tasks
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name, run_variant
@@ -34,7 +34,8 @@ BEST = "best"
 def main() -> None:
     stage = open_stage("finetune", __doc__, inputs={"raw": "data/raw", "model": "models/adapt"},
                        outputs={"out": "models/finetune", "metrics": "metrics/finetune.json",
-                                "plots": "plots/finetune", "checkpoints": "data/checkpoints/finetune"})
+                                "plots": "plots/finetune", "checkpoints": "data/checkpoints/finetune"},
+                       checks=[check_tasks])
     args, params = stage.args, stage.params
     if stage.relaunch():
         return

@@ -14,7 +14,7 @@ import torch
 from lib.core.errors import run_main
 from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.objectives import build_objective
+from lib.objectives import build_objective, check_objective
 from lib.training.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
 
 
@@ -22,7 +22,8 @@ def main() -> None:
     stage = open_stage("pretrain", __doc__,
                        inputs={"tokenizer": "data/tokens/tokenizer", "tokens": "data/tokens/pretrain"},
                        outputs={"out": "models/pretrain", "metrics": "metrics/pretrain.json",
-                                "plots": "plots/pretrain", "checkpoints": "data/checkpoints/pretrain"})
+                                "plots": "plots/pretrain", "checkpoints": "data/checkpoints/pretrain"},
+                       checks=[check_objective])
     args, params = stage.args, stage.params
 
     if stage.relaunch():

@@ -89,7 +89,7 @@ def fit_on_one_batch(vocab_size: int, task: TaskData, batch: dict[str, torch.Ten
     backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                                              dropout=0.0, max_positions=max_positions))
     kind = TYPES[task.type]
-    model = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0), task.type).model
+    model = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0), kind).model
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
         outputs, _ = kind.forward(model, batch)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from lib.config.params import SpecialTokens, TokenizerConfig
+from lib.data.encoding import cut, pair_lengths
 from lib.data.tokenizer import special_ids, train_tokenizer
 from lib.evaluation.baselines import label_scores, tfidf_baseline, zero_shot
 from lib.models.transformer import Transformer, TransformerConfig
-from lib.tasks.classification import Row, TaskRows
-from lib.tasks.encoding import cut, pair_lengths
+from lib.tasks.classification import Row
 
 FILLER = "the a of to in movie film plot actor scene story music ending first last very quite".split()
 CUES = (["great", "love", "best", "funny"], ["awful", "boring", "worst", "hate"], ["long", "short", "odd", "new"])
@@ -36,8 +36,9 @@ def cue_rows(n: int, n_classes: int = 2, seed: int = 0, noise: float = 0.0) -> l
     return rows
 
 
-def task(train: list[Row], dev: list[Row], evaluation: list[Row] | None, n_classes: int = 2) -> TaskRows:
-    return TaskRows("toy", [str(i) for i in range(n_classes)], train, dev, evaluation, "test", {})
+def task(train: list[Row], dev: list[Row], evaluation: list[Row] | None, n_classes: int = 2) -> tuple:
+    """tfidf_baseline's first arguments."""
+    return train, dev, evaluation, n_classes
 
 
 def flipped(rows: list[Row]) -> list[Row]:
@@ -48,7 +49,7 @@ def flipped(rows: list[Row]) -> list[Row]:
 
 def test_tfidf_learns_a_separable_task_and_reports_json():
     rows = task(cue_rows(300), cue_rows(60, seed=1), cue_rows(80, seed=2))
-    result = tfidf_baseline(rows, ["accuracy", "f1"])
+    result = tfidf_baseline(*rows, ["accuracy", "f1"])
     json.dumps(result)  # goes into metrics JSON as is
     assert result["dev"]["accuracy"] >= 0.95 and result["eval"]["accuracy"] >= 0.95
     assert set(result["eval"]) == {"accuracy", "f1"} and result["c"] in (0.25, 1.0, 4.0, 16.0)
@@ -63,12 +64,12 @@ def test_c_is_chosen_on_dev_and_never_on_eval():
     choice, while flipping eval's labels changes only the eval figures."""
     train, dev, evaluation = cue_rows(300, noise=0.1), cue_rows(60, seed=1), cue_rows(80, seed=2)
     grid = (1e-4, 10.0)
-    base = tfidf_baseline(task(train, dev, evaluation), ["accuracy"], c_grid=grid)
+    base = tfidf_baseline(*task(train, dev, evaluation), ["accuracy"], c_grid=grid)
     assert base["c"] == 10.0 and base["dev"]["accuracy"] > 0.9
-    eval_flipped = tfidf_baseline(task(train, dev, flipped(evaluation)), ["accuracy"], c_grid=grid)
+    eval_flipped = tfidf_baseline(*task(train, dev, flipped(evaluation)), ["accuracy"], c_grid=grid)
     assert eval_flipped["c"] == base["c"] and eval_flipped["dev"] == base["dev"]
     assert eval_flipped["eval"]["accuracy"] == pytest.approx(1 - base["eval"]["accuracy"])
-    dev_flipped = tfidf_baseline(task(train, flipped(dev), evaluation), ["accuracy"], c_grid=grid)
+    dev_flipped = tfidf_baseline(*task(train, flipped(dev), evaluation), ["accuracy"], c_grid=grid)
     assert dev_flipped["c"] == 1e-4
 
 
@@ -83,14 +84,14 @@ def test_pair_task_sees_word_overlap():
         return Row(" ".join(a), " ".join(b), label)
 
     rows = task(*([pair(i % 2) for i in range(n)] for n in (300, 60, 80)))
-    result = tfidf_baseline(rows, ["f1", "accuracy"], min_df=1)
+    result = tfidf_baseline(*rows, ["f1", "accuracy"], min_df=1)
     assert result["dev"]["accuracy"] >= 0.95 and result["eval"]["f1"] >= 0.95
 
 
 def test_multiclass_with_char_ngrams_and_unlabeled_eval():
     rows = task(cue_rows(300, n_classes=3), cue_rows(60, n_classes=3, seed=1), None, n_classes=3)
-    words = tfidf_baseline(rows, ["accuracy", "mcc"])
-    chars = tfidf_baseline(rows, ["accuracy", "mcc"], char_ngrams=(2, 4))
+    words = tfidf_baseline(*rows, ["accuracy", "mcc"])
+    chars = tfidf_baseline(*rows, ["accuracy", "mcc"], char_ngrams=(2, 4))
     assert words["eval"] is None and words["confusion"] is None
     assert words["dev"]["mcc"] >= 0.9 and chars["dev"]["mcc"] >= 0.9
     assert chars["features"] > words["features"]

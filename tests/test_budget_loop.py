@@ -13,9 +13,9 @@ from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
+from lib.training.budget_loop import Trainer, lr_multiplier, planned_tokens
 from lib.training.checkpoint import KEEP, checkpoints
 from lib.training.optim import adamw, discriminative_groups, slanted_triangular
-from lib.training.budget_loop import Trainer, lr_multiplier, planned_tokens
 
 VOCAB = 40
 

@@ -2,11 +2,15 @@
 import pytest
 
 from lib.config.params import ParamsError, flatten, load_params
+from lib.objectives import check_objective
+from lib.tasks import check_tasks
 from tests.helpers import write_params
+
+CHECKS = [check_tasks, check_objective]  # every registry check, as the stages together run them
 
 
 def load(tmp_path, params):
-    return load_params(write_params(tmp_path / "params.yaml", params))
+    return load_params(write_params(tmp_path / "params.yaml", params), CHECKS)
 
 
 def error_of(tmp_path, params) -> str:
@@ -18,7 +22,7 @@ def error_of(tmp_path, params) -> str:
 
 
 def test_default_params_load(chdir_root):
-    params = load_params("params.yaml")
+    params = load_params("params.yaml", CHECKS)
     assert params.objective in ("clm", "mlm", "electra")
     assert params.corpora.pretrain.valid_split == "validation"
     assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte", "conll2003", "squad", "squad_v2", "stsb", "codah"}
@@ -194,7 +198,7 @@ def test_task_fields(chdir_root, tmp_path, default_params):
     assert load(tmp_path, default_params).tasks["mrpc"].metrics == ["f1"]  # the type's default
     default_params["finetune"]["tasks"] = ["mrpc"]
     default_params["finetune"]["aux_lm_weight"] = 0.5
-    assert "finetune.aux_lm_weight: the auxiliary LM loss is for classification tasks, and tasks.mrpc is tagging" \
+    assert "finetune.aux_lm_weight: the auxiliary LM loss is not for tagging tasks, and finetune.tasks has mrpc" \
            in error_of(tmp_path, default_params)
     default_params["finetune"].update(tasks=["imdb", "sst2"], aux_lm_weight=0.0)
     default_params["tasks"]["mrpc"].update(type="classification")

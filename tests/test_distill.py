@@ -16,10 +16,11 @@ from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params,
 from lib.core import tracking
 from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.training.distributed import Context
-from lib.training.distill import (SOFT_LOSSES, build_student, distill_task, hidden_loss, masked_soft_loss, patient_loss,
-                         soft_loss, span_soft_loss, student_plan, teacher_outputs, token_soft_loss)
+from lib.tasks.base import soft_loss
+from lib.tasks.span_qa import masked_soft_loss
+from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs
 from lib.core.errors import UserError
-from lib.tasks import TYPES, multiple_choice, regression, span_qa, tagging
+from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.classification import Example
 from lib.training.finetune import run_variant, score_split
@@ -82,8 +83,9 @@ def test_student_copies_the_chosen_teacher_blocks():
 
 def test_teacher_outputs_match_the_teacher_and_keep_real_tokens_only():
     teacher = Classifier(backbone(causal=True, n_layers=3), HeadConfig(2, "concat", hidden=16)).eval()
-    examples = toy_task().train[:20]
-    cache = teacher_outputs(teacher, examples, [3], [1, 2], 8, PAD, torch.device("cpu"), IMPL)
+    task = toy_task()
+    examples = task.train[:20]
+    cache = teacher_outputs(teacher, task, examples, [3], [1, 2], 8, PAD, torch.device("cpu"), IMPL)
     one = examples[5]
     ids = torch.tensor([one.ids])
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -280,6 +282,16 @@ def test_every_loss_term_runs_for_every_type(tmp_path, typed_teacher):
     assert result.student["eval"][metric] > bar, (result.student, result.history)
 
 
+def token_soft_loss(student, teacher, positions, temperature):
+    """Tagging's soft loss at `positions`: its batch marks the others with the IGNORE label."""
+    labels = torch.where(positions, 1, tagging.IGNORE)
+    return TYPES["tagging"].soft_loss(student, teacher, {"labels": labels}, temperature)
+
+
+def span_soft_loss(student, teacher, candidates, temperature):
+    return TYPES["span_qa"].soft_loss(student, teacher, {"candidates": candidates}, temperature)
+
+
 def test_token_soft_loss_averages_over_the_tagged_positions_only():
     torch.manual_seed(0)
     student, teacher = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
@@ -297,10 +309,6 @@ def test_token_soft_loss_averages_over_the_tagged_positions_only():
     none = torch.zeros(2, 4, dtype=torch.bool)
     zero = token_soft_loss(student.requires_grad_(), teacher, none, 2.0)
     assert zero.item() == 0.0 and zero.requires_grad
-    # through the batch, as the distillation calls it: tagging's IGNORE labels mark the untagged positions
-    labels = torch.where(positions, 1, tagging.IGNORE)
-    assert SOFT_LOSSES["tagging"](student, teacher, {"labels": labels}, 2.0).item() == pytest.approx(
-        sum(by_position) / 3, rel=1e-5)
 
 
 def test_span_soft_loss_is_the_kl_over_the_candidate_positions_of_start_and_end():
@@ -316,8 +324,6 @@ def test_span_soft_loss_is_the_kl_over_the_candidate_positions_of_start_and_end(
 
     expected = (by_hand(student[0, :, 0], teacher[0, :, 0]) + by_hand(student[0, :, 1], teacher[0, :, 1])) / 2
     assert span_soft_loss(student, teacher, candidates, T).item() == pytest.approx(expected, rel=1e-5)
-    assert SOFT_LOSSES["span_qa"](student, teacher, {"candidates": candidates}, T).item() == pytest.approx(
-        expected, rel=1e-5)
     same = teacher.clone()
     same[0, 2] = torch.tensor([50.0, -50.0])  # differs only where no answer can begin or end
     assert span_soft_loss(same, teacher, candidates, T).item() == pytest.approx(0.0, abs=1e-6)
@@ -333,15 +339,15 @@ def test_span_soft_loss_is_the_kl_over_the_candidate_positions_of_start_and_end(
 def test_regression_soft_loss_is_the_mse_of_the_scores_whatever_the_temperature():
     student, teacher = torch.tensor([[0.5], [-1.0]]), torch.tensor([[1.5], [-1.0]])
     for T in (1.0, 4.0):
-        assert SOFT_LOSSES["regression"](student, teacher, {}, T).item() == pytest.approx(0.5)
-    assert SOFT_LOSSES["regression"](teacher, teacher, {}, 2.0).item() == 0.0
+        assert TYPES["regression"].soft_loss(student, teacher, {}, T).item() == pytest.approx(0.5)
+    assert TYPES["regression"].soft_loss(teacher, teacher, {}, 2.0).item() == 0.0
 
 
 def test_multiple_choice_soft_loss_is_over_a_questions_choices():
     student, teacher = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 2.0, 0.0]])
-    assert SOFT_LOSSES["multiple_choice"](student, teacher, {}, 2.0).item() == pytest.approx(
+    assert TYPES["multiple_choice"].soft_loss(student, teacher, {}, 2.0).item() == pytest.approx(
         soft_loss(student, teacher, 2.0).item())
-    assert SOFT_LOSSES["multiple_choice"](teacher + 3.0, teacher, {}, 2.0).item() == pytest.approx(0.0, abs=1e-6)
+    assert TYPES["multiple_choice"].soft_loss(teacher + 3.0, teacher, {}, 2.0).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_teacher_outputs_of_per_token_and_choice_types():
@@ -349,7 +355,7 @@ def test_teacher_outputs_of_per_token_and_choice_types():
     the states per choice sequence, each cropped to that sequence's length."""
     task = tagging_task(20)
     teacher = Classifier(backbone(n_layers=2), HeadConfig(3, "tokens", block=False, dropout=0.0)).eval()
-    cache = teacher_outputs(teacher, task.train, [2], [1], 8, PAD, torch.device("cpu"), IMPL, task=task)
+    cache = teacher_outputs(teacher, task, task.train, [2], [1], 8, PAD, torch.device("cpu"), IMPL)
     one = task.train[3]
     ids = torch.tensor([one.ids])
     with torch.no_grad():
@@ -360,7 +366,7 @@ def test_teacher_outputs_of_per_token_and_choice_types():
 
     task = choice_task(10)
     teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0)).eval()
-    cache = teacher_outputs(teacher, task.train, [2], [1], 4, PAD, torch.device("cpu"), IMPL, task=task)
+    cache = teacher_outputs(teacher, task, task.train, [2], [1], 4, PAD, torch.device("cpu"), IMPL)
     assert cache.logits.shape == (10, 3) and len(cache.hidden) == 30 and cache.summary.shape == (30, 1, 32)
     q = task.train[4]
     for c in range(3):
@@ -380,9 +386,9 @@ def test_unlabeled_transfer_text_is_for_classification_only(tmp_path):
         distill_task(teacher, task, [Example([BOS, 9, EOS], [0, 0, 0], UNLABELED)], ["pearson"], DISTILL, IMPL,
                      torch.device("cpu"), 0, PAD, tmp_path, "fp")
     tasks = {"sts": TaskConfig(source="glue/stsb", type="regression"), "sst": TaskConfig(source="glue/sst2")}
-    stages.distill.check_unlabeled({"sst": "unsupervised"}, tasks)
+    check_tasks(Params(corpora=None, tasks=tasks, distill=DistillConfig(unlabeled={"sst": "unsupervised"})))
     with pytest.raises(ParamsError, match=r"distill.unlabeled.sts: 'test' names unlabeled text for a regression"):
-        stages.distill.check_unlabeled({"sts": "test"}, tasks)
+        check_tasks(Params(corpora=None, tasks=tasks, distill=DistillConfig(unlabeled={"sts": "test"})))
 
 
 def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):

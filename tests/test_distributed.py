@@ -25,9 +25,9 @@ from lib.objectives import build_objective, save_objective
 from lib.tasks.base import UNLABELED
 from lib.tasks.classification import Example
 from lib.training import distributed
+from lib.training.budget_loop import Trainer
 from lib.training.distill import distill_task
 from lib.training.finetune import run_variant
-from lib.training.budget_loop import Trainer
 from tests import test_distill, test_finetune
 from tests.test_objectives import SPECIAL, tiny_params
 from tests.test_budget_loop import CFG, FP32, VOCAB, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)

@@ -8,8 +8,8 @@ import torch
 
 from lib.config.params import FinetuneConfig
 from lib.core.errors import UserError
-from lib.training.finetune import FullTrainer, run_variant, setup
 from lib.training.epoch_loop import EpochLoop
+from lib.training.finetune import FullTrainer, run_variant, setup
 from lib.training.optim import Stepper, adamw
 from tests.test_finetune import CFG, IMPL, PAD, backbone, toy_task
 

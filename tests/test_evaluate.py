@@ -8,6 +8,7 @@ import pytest
 import stages.evaluate
 from lib.config.params import EvaluateConfig, FinetuneConfig, Params, TaskConfig, ZeroShotConfig
 from lib.core import tracking
+from lib.tasks import TYPES, check_task
 from tests.helpers import write_jsonl_gz
 
 WORDS = ["great", "awful", "odd"]
@@ -19,7 +20,9 @@ def three_class_task(tmp_path) -> TaskConfig:
     for split, n in (("train", 60), ("validation", 12)):
         write_jsonl_gz(tmp_path / "toy" / f"{split}.jsonl.gz",
                        [{"text": f"a {WORDS[i % 3]} film number {i}", "label": i % 3} for i in range(n)])
-    return TaskConfig(source=str(tmp_path / "toy"))
+    cfg = TaskConfig(source=str(tmp_path / "toy"))
+    check_task(cfg, "tasks.toy")
+    return cfg
 
 
 def evaluate_with_label_words(task: TaskConfig, label_words: list[str], monkeypatch) -> dict:
@@ -155,7 +158,6 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     from lib.models.classifier import Classifier, save_classifier
     from lib.training.finetune import setup
     from lib.models.transformer import Transformer, TransformerConfig
-    from lib.tasks import TYPES
     from lib.data.tokenizer import load_tokenizer, saved_special_ids
     from tests.helpers import tiny_tokenizer
 
@@ -164,6 +166,7 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
         write_jsonl_gz(folder / f"{split}.jsonl.gz", [typed_rows(task_type, i) for i in rows])
     task_cfg = TaskConfig(source=str(folder), type=task_type, max_len=32, **TYPED_FIELDS[task_type])
     task_cfg.validate("tasks.toy")
+    check_task(task_cfg, "tasks.toy")
     params = Params(corpora=None, tasks={"toy": task_cfg}, device="cpu",
                     finetune=FinetuneConfig(tasks=["toy"], dev_fraction=0.25, max_train_examples=20, batch_size=8),
                     evaluate=EvaluateConfig(tfidf_c=[1.0], latency_seq_len=12, latency_repeats=3, throughput_batch=2))
@@ -176,7 +179,7 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
         torch.manual_seed(layers)
         backbone = Transformer(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
                                                  n_layers=layers, n_heads=2, d_ff=64, dropout=0.0, max_positions=64))
-        model: Classifier = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]), task_type).model
+        model: Classifier = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]), kind).model
         meta = {"task": "toy", "type": task_type, "info": task.info, "label_names": task.label_names,
                 "variant": "plain", "seed": 1, "encoding": {"max_len": 32, "truncation": "head",
                                                             "text_field": task_cfg.text_field,
@@ -196,8 +199,6 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     """Teacher, student, the finetune variants' means and the type's baseline (on finetune's 20 train
     examples and on all of train) on the labeled split, in each type's metric names; the unlabeled split
     and what is classification-only are said, not skipped; figures' data and the report follow."""
-    from lib.config.params import TYPE_METRICS
-    from lib.evaluation.evaluate import BASELINES
     from lib.data.tokenizer import load_tokenizer, saved_special_ids
 
     task_cfg, params, models = typed_task(task_type, tmp_path)
@@ -210,11 +211,11 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
                                                  params)
     assert list(result["splits"]) == ["validation"] and result["type"] == task_type
     split = result["splits"]["validation"]
-    baseline = BASELINES[task_type]
+    baseline = TYPES[task_type].baseline
     assert list(split["scores"]) == ["teacher", "student", "plain", baseline, f"{baseline}_full_train"]
     assert split["train_examples"] == 20 < split["full_train_examples"] and split["examples"] == 12
     for model in ("teacher", "student", baseline):
-        assert set(split["scores"][model]) == set(task_cfg.metrics) <= set(TYPE_METRICS[task_type])
+        assert set(split["scores"][model]) == set(task_cfg.metrics) <= set(TYPES[task_type].metrics)
     assert split["scores"]["plain"][task_cfg.metrics[0]] == finetuned["variants"]["plain"]["eval"][task_cfg.metrics[0]]["mean"]
     assert "test has no labels" in result["note"] and "classification-only" in result["note"]
     assert set(result["efficiency"]) == {"teacher", "student"} and result["speedup"] > 0
@@ -255,7 +256,6 @@ def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path
     """train_items selects as the type's load does: the same number of train items, none of dev's, and
     all of train but dev when finetuning takes all of it."""
     from lib.evaluation.evaluate import train_items
-    from lib.tasks import TYPES
     from lib.data.tokenizer import load_tokenizer, saved_special_ids
 
     task_cfg, _, models = typed_task("tagging", tmp_path)

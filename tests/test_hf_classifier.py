@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
 from lib.serving.predict import TextClassifier
-from lib.tasks.encoding import encode
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -176,7 +176,7 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     task = TaskData("toy", meta["label_names"], [], [], None, "", {}, {}, type=task_type, info=meta.get("info", {}))
     kind = TYPES[task_type]
     model = setup("plain", Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
-                  task_type).model.eval()
+                  kind).model.eval()
     for weight in (p for p in model.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
     line = save_classifier(model, tmp_path / "model", folders["tok"], meta)

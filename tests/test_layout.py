@@ -1,4 +1,5 @@
 """The shape of lib/: role packages, and no module that imports, directly or through others, itself."""
+import ast
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -38,3 +39,22 @@ def test_lib_is_role_packages_only():
     assert [p.name for p in LIB.glob("*.py")] == ["__init__.py"]
     roles = {p.name for p in LIB.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert roles == {"config", "core", "data", "models", "objectives", "tasks", "training", "evaluation", "serving"}
+
+
+def test_no_task_type_is_named_outside_its_package():
+    """A task type owns everything about itself (lib/tasks): its name as a string anywhere else in the code
+    means knowledge of it sits outside its file. Docstrings and comments may name it."""
+    from lib.tasks import TYPES
+
+    found = []
+    for path in sorted(p for folder in ("lib", "stages", "bench") for p in (ROOT / folder).rglob("*.py")):
+        if (ROOT / "lib" / "tasks") in path.parents:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in TYPES and id(node) not in docstrings]
+    assert found == []

@@ -14,11 +14,11 @@ import torch
 from lib.config.params import SpecialTokens
 from lib.core import runtime
 from lib.core.errors import UserError
+from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, special_ids
 from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier
 from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
 from lib.tasks.classification import Example, collate
-from lib.tasks.encoding import encode
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS

@@ -16,6 +16,7 @@ from lib.core.errors import UserError
 from lib.data.corpus import eval_texts
 from lib.data.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
 from lib.data.sources import HubId, parse_hub, read_records
+from lib.tasks import check_tasks, field_kinds
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 IMDB = "hf:stanfordnlp/imdb@e6281661ce1c48d982bc483cf8a173c1bbeb5d31"
@@ -111,7 +112,7 @@ def params_for(tmp_path: Path, mirror: Path | None, **sources: str):
                     "sst2": {**raw["tasks"]["sst2"], "source": sources.get("sst2", SST2)}}
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
-    return load_params(path)
+    return load_params(path, [check_tasks])
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -245,7 +246,7 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
     tiny_mirror(tmp_path / "mirror")
     params = params_for(tmp_path, tmp_path / "mirror")
     read_all(params, tmp_path / "raw")
-    write_eval_text_spec(params, tmp_path / "raw")
+    write_eval_text_spec(params, field_kinds(params.tasks), tmp_path / "raw")
     spec_file = tmp_path / "raw" / EVAL_TEXTS_FILE
     written = spec_file.read_bytes()
     sst2 = params.tasks["sst2"]
@@ -257,10 +258,10 @@ def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):
                 for row in read_records(str(tmp_path / "raw" / name), split, "x")]
     assert texts == expected and texts
     params.tasks["sst2"].max_len = 32
-    write_eval_text_spec(params, tmp_path / "raw")
+    write_eval_text_spec(params, field_kinds(params.tasks), tmp_path / "raw")
     assert spec_file.read_bytes() == written
     params.tasks["sst2"].eval_splits = ["test"]
-    write_eval_text_spec(params, tmp_path / "raw")
+    write_eval_text_spec(params, field_kinds(params.tasks), tmp_path / "raw")
     assert read_eval_text_spec(tmp_path / "raw")["sst2"]["splits"] == ["test"]
     spec_file.unlink()
     with pytest.raises(UserError, match=r"eval_texts.json: cannot read it .*; run the data stage first"):
@@ -417,9 +418,9 @@ def test_the_copies_follow_the_rules_their_layouts_apply():
 def test_the_evaluation_text_spec_of_classification_tasks_reads_as_before_task_types(tmp_path):
     """The default params' classification tasks' eval_texts.json, byte for byte as the data stage wrote it
     before tasks had a type (its SHA-256 then), so their entries do not change for existing projects."""
-    params = load_params(ROOT / "params.yaml")
+    params = load_params(ROOT / "params.yaml", [check_tasks])
     params.tasks = {name: task for name, task in params.tasks.items() if task.type == "classification"}
-    write_eval_text_spec(params, tmp_path)
+    write_eval_text_spec(params, field_kinds(params.tasks), tmp_path)
     written = (tmp_path / EVAL_TEXTS_FILE).read_bytes()
     assert hashlib.sha256(written).hexdigest() == "b48a23a29072196ff2d49933e602c40685a1d064a021a46b90733b97f25dc61c"
     assert b"kinds" not in written
@@ -446,9 +447,9 @@ def test_evaluation_texts_of_each_task_type(tmp_path):
         "choice": {"source": HUB_IDS["codah"], "type": "multiple_choice", "text_field": "startphrase",
                    "text_pair_field": "endings", "eval_splits": ["test"]}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    params = load_params(tmp_path / "params.yaml")
+    params = load_params(tmp_path / "params.yaml", [check_tasks])
     read_all(params, tmp_path / "raw")
-    write_eval_text_spec(params, tmp_path / "raw")
+    write_eval_text_spec(params, field_kinds(params.tasks), tmp_path / "raw")
     spec = {name: task for name, task in read_eval_text_spec(tmp_path / "raw").items()
             if name not in ("imdb", "sst2")}
     assert {name: task.get("kinds") for name, task in spec.items()} == {

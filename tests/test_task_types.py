@@ -13,7 +13,7 @@ import torch
 
 from lib.config.params import FinetuneConfig, ImplConfig, TaskConfig
 from lib.models.transformer import Transformer, TransformerConfig
-from lib.tasks import TYPES
+from lib.tasks import TYPES, check_task
 from lib.training.finetune import run_variant
 from tests.tasktype_helpers import WORDS, one_thread, trained  # noqa: F401
 
@@ -86,6 +86,7 @@ def write_split(folder: Path, split: str, rows: list[dict]) -> None:
 def task_config(task_type: str, folder: Path) -> TaskConfig:
     cfg = TaskConfig(source=str(folder), type=task_type, **{"max_len": 32, **TYPES_UNDER_TEST[task_type][2]})
     cfg.validate(f"tasks.{task_type}")
+    check_task(cfg, f"tasks.{task_type}")
     return cfg
 
 

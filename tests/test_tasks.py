@@ -9,10 +9,11 @@ import torch
 
 from lib.config.params import SpecialTokens, TaskConfig, TokenizerConfig
 from lib.core.errors import UserError
+from lib.data.encoding import batch_indices, encode, pair_lengths
 from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from lib.tasks import check_task
 from lib.tasks.base import UNLABELED
 from lib.tasks.classification import Example, Row, collate, example_hash, load_task, read_unlabeled
-from lib.tasks.encoding import batch_indices, encode, pair_lengths
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 BOS, EOS, PAD = 2, 3, 0
@@ -120,7 +121,9 @@ def test_unknown_truncation_mode(tokenizer):
 def make_task(tmp_path: Path, train: list[dict], evaluation: list[dict], **overrides) -> TaskConfig:
     write_jsonl_gz(tmp_path / "toy" / "train.jsonl.gz", train)
     write_jsonl_gz(tmp_path / "toy" / "validation.jsonl.gz", evaluation)
-    return TaskConfig(source=str(tmp_path / "toy"), **overrides)
+    cfg = TaskConfig(source=str(tmp_path / "toy"), **overrides)
+    check_task(cfg, "tasks.toy")
+    return cfg
 
 
 def labeled(n: int, labels: list, seed: int = 0) -> list[dict]:
@@ -322,7 +325,7 @@ def test_truncation_counted_per_split(tokenizer, tmp_path):
 # batches --------------------------------------------------------------------------------------------
 
 def batches(examples: list[Example], batch_size: int, pad_id: int, seed: int | None = None):
-    """The collated batches finetune's loop makes of `examples` (lib.tasks.encoding.batch_indices)."""
+    """The collated batches finetune's loop makes of `examples` (lib.data.encoding.batch_indices)."""
     return [collate([examples[i] for i in group], pad_id) for group in batch_indices(examples, batch_size, seed)]
 
 

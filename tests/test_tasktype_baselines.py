@@ -11,7 +11,7 @@ import pytest
 
 from lib.evaluation.metrics import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
 from lib.tasks import multiple_choice, regression, span_qa, tagging
-from lib.tasks.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
+from lib.evaluation.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
 from lib.tasks.multiple_choice import Question
 from lib.tasks.regression import Scored
 from lib.tasks.span_qa import Answer, golds

@@ -1,12 +1,12 @@
 """SWAG-style multiple choice: malformed rows are counted skips, each question's choices are encoded as
-lib.tasks.encoding pairs and batched as (B, n_choices, T), and the loss makes the choices compete."""
+lib.data.encoding pairs and batched as (B, n_choices, T), and the loss makes the choices compete."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from lib.data.encoding import encode as encode_texts
 from lib.evaluation.metrics import choice_accuracy
-from lib.tasks.encoding import encode as encode_texts
 from lib.tasks.multiple_choice import TYPE, Question, collate, encode, loss, read_rows
 from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 

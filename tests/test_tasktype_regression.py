@@ -1,4 +1,4 @@
-"""STS-B-style regression: bad labels are counted skips, the pair layout is lib.tasks.encoding's, batches pad to
+"""STS-B-style regression: bad labels are counted skips, the pair layout is lib.data.encoding's, batches pad to
 their longest example, the head predicts around the train mean, and correlations of perfect predictions."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lib.core.errors import UserError
+from lib.data.encoding import encode as encode_texts
 from lib.evaluation.metrics import pearson, spearman
-from lib.tasks.encoding import encode as encode_texts
 from lib.tasks.regression import TYPE, Scored, collate, encode, read_rows, target_scale
 from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 

@@ -13,20 +13,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import yaml
 
 from lib.core.errors import UserError
 
-Objective = Literal["clm", "mlm", "electra"]
-TaskType = Literal["classification", "regression", "tagging", "span_qa", "multiple_choice"]
-# per task type, the metrics it reports (the first of a task's `metrics` selects the best epoch) and its default
-TYPE_METRICS = {"classification": ("accuracy", "f1", "mcc"), "regression": ("pearson", "spearman"),
-                "tagging": ("f1", "precision", "recall"), "span_qa": ("f1", "exact_match"),
-                "multiple_choice": ("accuracy",)}
-DEFAULT_METRICS = {"classification": ["accuracy"], "regression": ["pearson", "spearman"], "tagging": ["f1"],
-                   "span_qa": ["f1", "exact_match"], "multiple_choice": ["accuracy"]}
 Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
@@ -89,14 +81,14 @@ class TaskConfig:
     `text_pair_field` (the list of endings) and `label_field` (the right ending's index)."""
 
     source: str
-    type: TaskType = "classification"
+    type: str | None = None  # a task type of lib/tasks; null = lib.tasks.DEFAULT_TYPE (classification)
     text_field: str = "text"
     text_pair_field: str | None = None  # second text of sentence-pair tasks
     label_field: str = "label"
     eval_splits: list[str] = field(default_factory=lambda: ["validation"])  # the first is reported by finetune
     train_split: str = "train"
     label_names: list[str] | None = None  # names of label ids 0..n-1 (tagging: the tags); null = those found in train
-    metrics: list[str] | None = None  # the first selects the best epoch; null = the type's DEFAULT_METRICS
+    metrics: list[str] | None = None  # the first selects the best epoch; null = the type's default_metrics
     max_len: int = 128  # tokens per example (span_qa: per window), the special tokens included
     truncation: Literal["head", "tail", "head_tail"] = "head"  # which part of a long text is kept
     stride: int = 128  # span_qa: context tokens shared by consecutive windows of a long context
@@ -105,31 +97,16 @@ class TaskConfig:
     data_label: str | None = None  # what the data is, beside the task's name wherever its scores are shown
     data_note: str | None = None  # a sentence on the data, printed with the task's scores in the report
 
-    def __post_init__(self):
-        if self.metrics is None:
-            self.metrics = list(DEFAULT_METRICS.get(self.type, ["accuracy"]))  # an unknown type fails in validate
-
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
         if not self.eval_splits:
             raise ParamsError(f"{key}.eval_splits: empty; name the split to evaluate on, e.g. [validation]")
         if self.train_split in self.eval_splits:
             raise ParamsError(f"{key}.train_split: '{self.train_split}' is also in {key}.eval_splits")
-        known = TYPE_METRICS[self.type]
-        if not self.metrics:
-            raise ParamsError(f"{key}.metrics: empty; name at least one of {', '.join(known)}")
-        unknown = [m for m in self.metrics if m not in known]
-        if unknown:
-            raise ParamsError(f"{key}.metrics: '{unknown[0]}' is not a {self.type} metric; use {', '.join(known)}")
         if self.max_len < 8:
             raise ParamsError(f"{key}.max_len: {self.max_len} must be >= 8 (special tokens + some text)")
-        if self.label_names is not None and self.type not in ("classification", "tagging"):
-            raise ParamsError(f"{key}.label_names: a {self.type} task has no label names; remove it")
         if self.label_names is not None and len(set(self.label_names)) < 2:
             raise ParamsError(f"{key}.label_names: need at least 2 distinct names (or null)")
-        if self.type in ("span_qa", "multiple_choice") and self.text_pair_field is None:
-            what = "context" if self.type == "span_qa" else "list of endings"
-            raise ParamsError(f"{key}.text_pair_field: a {self.type} task needs the field of its {what}")
         at_least_one(self, key, "stride", "max_question_len", "max_answer_len")
 
 
@@ -574,7 +551,7 @@ class Params:
     tasks: dict[str, TaskConfig]
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    objective: Objective = "mlm"
+    objective: str = "mlm"  # a pretraining objective of lib/objectives
     # a published checkpoint to start from (lib/models/hf.py): a folder in Hugging Face layout (relative to the
     # project root) or hf:<repo id>[@revision]; null = train the tokenizer and pretrain from scratch
     init: str | None = None
@@ -617,10 +594,6 @@ class Params:
             if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
-            kind = self.tasks[task].type
-            if kind != "classification" and self.finetune.aux_lm_weight > 0:
-                raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss is for classification tasks, and "
-                                  f"tasks.{task} is {kind}; set it to 0")
         # per-task settings may name tasks that are not selected (so that selecting another task is one
         # -S flag), but not tasks that do not exist: those are typos
         named = {f"finetune.{name}": getattr(self.finetune, name) for name in ("max_train_examples", "max_eval_examples")}
@@ -641,12 +614,6 @@ class Params:
             if names is not None and len(names) != len(prompt.label_words):
                 raise ParamsError(f"evaluate.zero_shot.{task}.label_words: {len(prompt.label_words)} words for "
                                   f"{len(names)} labels ({names})")
-        if self.mlm.sentence != "none" and (self.objective != "mlm" or self.model.segment_vocab < 2):
-            raise ParamsError(f"mlm.sentence: {self.mlm.sentence} needs objective: mlm and model.segment_vocab >= 2 "
-                              f"(they are {self.objective} and {self.model.segment_vocab}); set mlm.sentence: none")
-        if self.finetune.aux_lm_weight > 0 and self.objective != "clm":
-            raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
-                              f"(objective: clm), not {self.objective}; set it to 0")
 
 
 def per_task(limit: int | dict[str, int] | None, task: str) -> int | None:
@@ -695,7 +662,10 @@ def check_source(source: str, key: str) -> None:
         raise ParamsError(f"{key}: '{source}' names no dataset; write hf:<org>/<name>[/<config>][@<revision>]")
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
+def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Params], None]] = ()) -> Params:
+    """The params of `path`, built and validated section by section, then by `checks`: what the registries
+    a stage uses know of the names params choose (lib.tasks.check_tasks, lib.objectives.check_objective).
+    Every error is a ParamsError of one line naming the file and the key."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -708,9 +678,12 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections at the top level")
     try:
-        return build(Params, raw, "")
+        params = build(Params, raw, "")
+        for check in checks:
+            check(params)
     except ParamsError as err:
         raise ParamsError(f"{path}: {err}") from None
+    return params
 
 
 def build(cls: type, data: Any, key: str) -> Any:
@@ -751,10 +724,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(err)
         raise errors[0]
     if origin is Literal:
-        if value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ParamsError(f"{key}: '{value}' is not one of {', '.join(map(str, args))}{hint}")
+        check_choice(value, args, key)
         return value
     if origin is list:
         if not isinstance(value, list):
@@ -785,6 +755,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ParamsError(f"{key}: expected a string, got {_describe(value)}")
         return value
     raise TypeError(f"params type {tp} of {key} is not supported")  # a bug in this file, not user input
+
+
+def check_choice(value: Any, choices: Iterable, key: str) -> None:
+    """Raise ParamsError naming `key` unless `value` is one of `choices`, with the closest one suggested."""
+    if value not in choices:
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ParamsError(f"{key}: '{value}' is not one of {', '.join(names)}{hint}")
 
 
 def _join(prefix: str, name: str) -> str:

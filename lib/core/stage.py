@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 from lib.config.params import Params, load_params, stage_params
 from lib.core import tracking
@@ -39,14 +39,17 @@ class Stage:
         return tracking.stage_run(self.name, self.params.tracking, self.params, self.keyed_on)
 
 
-def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str]) -> Stage:
+def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str],
+               checks: Sequence[Callable[[Params], None]] = ()) -> Stage:
     """Parse the command line (`doc`'s first line is its help), check every output writable (one line
-    naming the first that is not), and load params.yaml (one line naming a bad key)."""
+    naming the first that is not), and load params.yaml (one line naming a bad key), checked also by
+    `checks`: those of the registries the stage uses (lib.tasks.check_tasks for the stages that read
+    `tasks`, lib.objectives.check_objective for those that pretrain)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     for option, default in {**inputs, **outputs}.items():
         parser.add_argument(f"--{option.replace('_', '-')}", type=Path, default=Path(default))
     args = parser.parse_args()
     check_writable(*(getattr(args, option) for option in outputs))
-    params = load_params(args.params)
+    params = load_params(args.params, checks)
     return Stage(name, args, params, stage_params(params, name))

@@ -33,7 +33,7 @@ def eval_texts(spec: dict[str, dict], raw_dir: Path) -> Iterator[str]:
     """Every text of every task's evaluation splits, as the data stage's lib.data.raw.eval_text_spec names them,
     for decontamination: each text field's value (both texts of a pair; span_qa's question and context); by
     the field's kind, a tagging task's words joined by single spaces, and a multiple_choice task's context
-    followed by each of its endings (lib.data.raw.FIELD_KINDS says why). A value of another type is a UserError
+    followed by each of its endings (the types' `field_kinds`, lib/tasks, say why). A value of another type is a UserError
     naming the task's field key."""
     for name, task in spec.items():
         source, kinds = str(raw_dir / task["folder"]), task.get("kinds", {})

@@ -269,19 +269,10 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     return report
 
 
-# What a task's field holds where it is not one text per row (a field not named here is: the fields of
-# classification, regression and span_qa, whose question and context are texts and whose answers field, the
-# label, is not read). Tagging's text_field is a list of words, which a document holds joined by spaces.
-# Multiple_choice's text_pair_field is a list of endings, each of which completes the context (text_field)
-# into the text a document would hold ("The chicken cannot fly. It" + " " + "crosses the road."): an ending
-# alone is a fragment, mostly shorter than the words decontamination matches on, and as generic.
-FIELD_KINDS = {"tagging": {"text_field": "words"}, "multiple_choice": {"text_pair_field": "endings"}}
-
-
-def eval_text_spec(params: Params) -> dict[str, dict[str, Any]]:
+def eval_text_spec(params: Params, field_kinds: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     """Per task, the folder in data/raw, evaluation splits and text fields whose texts `clean` removes
-    from the LM corpora, and `kinds`, what a field holds where it is not one text (FIELD_KINDS; absent when
-    every field is one, so a classification task's entry reads as it did before task types). The data stage
+    from the LM corpora, and `kinds`, what a field holds where it is not one text (`field_kinds`, per task
+    its type's (lib.tasks.field_kinds); absent when every field is one text). The data stage
     writes it into data/raw (write_eval_text_spec), so clean depends on it through data/raw's content rather
     than on the whole `tasks` section: a change of a task's max_len or metrics, or of which tasks finetune
     selects, does not rerun clean."""
@@ -291,16 +282,16 @@ def eval_text_spec(params: Params) -> dict[str, dict[str, Any]]:
                   if getattr(task, key) is not None}
         spec[name] = {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
                       "fields": fields}
-        kinds = {key: kind for key, kind in FIELD_KINDS.get(task.type, {}).items() if key in fields}
+        kinds = {key: kind for key, kind in field_kinds[name].items() if key in fields}
         if kinds:
             spec[name]["kinds"] = kinds
     return spec
 
 
-def write_eval_text_spec(params: Params, out: Path) -> None:
+def write_eval_text_spec(params: Params, field_kinds: dict[str, dict[str, str]], out: Path) -> None:
     """out/EVAL_TEXTS_FILE for `params`, rewritten only when it changes."""
     path = out / EVAL_TEXTS_FILE
-    text = json.dumps(eval_text_spec(params), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(eval_text_spec(params, field_kinds), indent=2, sort_keys=True) + "\n"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         out.mkdir(parents=True, exist_ok=True)
         with atomic_file(path, "w") as f:

@@ -6,7 +6,7 @@ For each labeled split of a task's eval_splits, on the examples finetune selects
 and limits), it scores the teacher and the student with finetune's own scoring (lib.training.finetune.score_split:
 dev first, then the split with what it takes from dev, SQuAD 2.0's no-answer threshold), every finetune
 variant (mean ± std over seeds, first split only, as finetune reports them) and the type's train-only
-baseline (lib.tasks.baselines) fit on the same train examples and, where finetuning used a subset,
+baseline (lib.evaluation.baselines) fit on the same train examples and, where finetuning used a subset,
 on all of train. It keeps what the report draws (per-entity-type F1 for tagging, predicted vs gold for
 regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU (lib.evaluation.efficiency).
 """
@@ -23,23 +23,13 @@ from lib.config.params import Params, TaskConfig
 from lib.core import runtime
 from lib.core.errors import UserError
 from lib.evaluation.efficiency import profile
-from lib.evaluation.metrics import squad_scores
 from lib.models.classifier import load_classifier
-from lib.tasks import TYPES
+from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.tasks.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity
-from lib.tasks.span_qa import golds
 from lib.training.finetune import predict_all, score_split
 
-BASELINES = {"regression": "tfidf_similarity", "tagging": "lexicon", "span_qa": "overlap_qa",
-             "multiple_choice": "tfidf_choice"}
 CLASSIFICATION_ONLY = ("ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are "
                        "classification-only so far: none of them was run for this {type} task.")
-TIMED = {"regression": "one sentence pair of {seq_len} tokens per call",
-         "tagging": "one sentence of {seq_len} tokens per call, a tag per token",
-         "span_qa": "one window of {seq_len} tokens per call (a longer context takes several)",
-         "multiple_choice": "one question per call: its {n} (context, ending) sequences of {seq_len} tokens as "
-                            "one batch of {n}; throughput in sequences/s (÷ {n} for questions/s)"}
 
 
 def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
@@ -47,12 +37,12 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     """evaluate's result for a task of a type other than classification, in its layout (splits -> scores
     -> model -> metric, efficiency, teacher, notes), with `scatter` (regression) and `per_type` (tagging)
     for the report's figures."""
-    kind, ft = TYPES[task_cfg.type], params.finetune
+    kind, ft = task_type(task_cfg), params.finetune
     metrics = task_cfg.metrics
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")
     loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
-    result: dict[str, Any] = {"type": task_cfg.type, "metric": metrics[0], "metrics": metrics, "splits": {},
+    result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
                               "confusion": {}}
     if "teacher" in loaded:
         result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
@@ -86,12 +76,12 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
                         device, impl, first)
         if first and finetuned:
             entry["scores"].update(variant_means(finetuned))
-        baseline = BASELINES[task.type]
+        baseline = kind.baseline
         for suffix, items in (("", train), ("_full_train", full_train)):
             if suffix and len(full_train) == len(train):
                 continue  # finetuning used all of train: the baseline above already did
             print(f"{name} {split}: {baseline} baseline on {len(items)} train examples", flush=True)
-            values, extras = baseline_scores(task, items, metrics)
+            values, extras = kind.baseline_scores(task, items, metrics)
             entry["scores"][baseline + suffix] = values
             keep_extras(entry, result, baseline + suffix, extras, first and not suffix)
         result["splits"][split] = entry
@@ -101,17 +91,17 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
         raise UserError(f"tasks.{name}.eval_splits: none of {task_cfg.eval_splits} has labels; "
                         "name a labeled split to evaluate on")
     notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
-    notes.append(CLASSIFICATION_ONLY.format(type=task_cfg.type))
+    notes.append(CLASSIFICATION_ONLY.format(type=kind.name))
     print(f"{name}: {notes[-1]}", flush=True)
     result["note"] = " ".join(notes)
     cfg = params.evaluate
-    n_choices = task.info.get("n_choices", 1)  # the last split's task: the same train, so the same info
+    latency_batch = kind.latency_batch(task.info)  # the last split's task: the same train, so the same info
     if loaded:
-        result["timed"] = TIMED[task_cfg.type].format(seq_len=cfg.latency_seq_len, n=n_choices)
+        result["timed"] = kind.timed.format(seq_len=cfg.latency_seq_len, n=latency_batch)
         print(f"{name}: timing {', '.join(loaded)}: {result['timed']}", flush=True)
     result["efficiency"] = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
                                           repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
-                                          latency_batch=n_choices if task_cfg.type == "multiple_choice" else 1)
+                                          latency_batch=latency_batch)
                             for role, (model, _) in loaded.items()}
     if distilled:
         add_retention(result, metrics[0])
@@ -135,20 +125,21 @@ def score_model(entry: dict, result: dict, role: str, model, task: TaskData, met
                 first: bool) -> None:
     """The model's scores on task.eval into entry["scores"][role], its extras beside them: what
     lib.training.finetune.score_split does, keeping the predictions for the regression scatter (first split)."""
+    kind = TYPES[task.type]
     predicted = predict_all(model, task, task.eval, batch_size, pad_id, device, impl)
-    values, extras = TYPES[task.type].score(task, "eval", predicted, metrics, calibration)
+    values, extras = kind.score(task, "eval", predicted, metrics, calibration)
     entry["scores"][role] = values
     keep_extras(entry, result, role, extras, first)
-    if first and task.type == "regression":
-        result.setdefault("scatter", {})[role] = [[item.value, value] for item, value
-                                                  in zip(task.references["eval"], predicted)]
+    scatter = kind.scatter(task, predicted) if first else None
+    if scatter is not None:
+        result.setdefault("scatter", {})[role] = scatter
 
 
 def train_items(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int,
                 max_train: int | None) -> tuple[list, list]:
     """(the train items finetune trains on, all of train but the dev carve), as the type's `load` selects
     them, without encoding them: the baselines learn from the raw items."""
-    kind, key = TYPES[cfg.type], f"tasks.{name}"
+    kind, key = task_type(cfg), f"tasks.{name}"
     items, _ = kind.read(cfg, cfg.train_split, key, None)
     return tuple(kind.split_train(items, key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit)[0]
                  for limit in (max_train, None))
@@ -158,9 +149,7 @@ def as_saved(task: TaskData, info: dict[str, Any], where: str) -> TaskData:
     """The task as the saved model reads it: its label names (tag order) and info (regression's scale,
     span settings) from classifier.json, not recomputed from today's data."""
     names = info.get("label_names") or task.label_names
-    if task.type == "tagging" and sorted(names) != sorted(task.label_names):
-        raise UserError(f"{where}: tags {names} but the task's data has {task.label_names}; finetune again "
-                        "(dvc repro)")
+    TYPES[task.type].check_labels(names, task, where)
     return replace(task, label_names=list(names), info={**task.info, **info.get("info", {})})
 
 
@@ -186,21 +175,3 @@ def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:
 
     return {variant: {k: v for m, s in summary.get("eval", {}).items() for k, v in stats(m, s).items()}
             for variant, summary in finetuned["variants"].items()}
-
-
-def baseline_scores(task: TaskData, train: list, metrics: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
-    """(scores, extras as score_split gives them) of the type's baseline fit on `train`, on task's eval items:
-    its predictions in the type's form, scored by the type (span QA's baseline answers with text)."""
-    items = task.references["eval"]
-    predict = {"regression": lambda: tfidf_similarity(train, items),
-               "multiple_choice": lambda: tfidf_choice_scores(train, items).tolist(),
-               "tagging": lambda: lexicon_tags(train, [s.words for s in items])}
-    if task.type in predict:
-        return TYPES[task.type].score(task, "eval", predict[task.type](), metrics)
-    if task.type == "span_qa":
-        model = OverlapQA.fit(train, no_answer=bool(task.info.get("unanswerable")))
-        scores = squad_scores(model.answers(items), golds(items))
-        extras = {"threshold": model.threshold} if model.threshold is not None else {}
-        return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
-    raise ValueError(f"no baseline for task type {task.type!r}")
-

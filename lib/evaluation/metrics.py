@@ -191,6 +191,11 @@ def _question_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]
     return scores
 
 
+def golds(questions: Sequence) -> dict[str, list[str]]:
+    """{question id: its gold answer texts} ([] for unanswerable), as squad_scores takes them."""
+    return {q.id: [a.text for a in q.answers] for q in questions}
+
+
 def squad_scores(predictions: dict[str, str], golds: dict[str, Sequence[str]]) -> dict[str, float]:
     """{"exact_match", "f1", "count"} averaged over questions, as SQuAD 2.0's official script; with
     "has_answer_*" over the questions with gold answers and "no_answer_*" over those without, each group

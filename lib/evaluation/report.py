@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lib.tasks import TYPES  # noqa: E402
+
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
 # there, and drawing one text per cell took minutes (300 classes: 250 s)
 ANNOTATED_MAX_CLASSES = 20
@@ -25,12 +27,8 @@ ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)"
          "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
          "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR",
          "student_int8": "student, int8 (ONNX Runtime)"}
-# the train-only baselines, each also as "<name>_full_train": lib.evaluation.baselines (TF-IDF + logistic regression) and
-# lib.tasks.baselines (TF-IDF cosine mapped to the scale by a line fit on train; each ending's TF-IDF cosine
-# to the context; each word's most frequent train tag; OverlapQA's span beside the question's words)
-BASELINES = {"tfidf": "TF-IDF + LR", "tfidf_similarity": "TF-IDF cosine",
-             "tfidf_choice": "TF-IDF ending cosine", "lexicon": "lexicon tagger",
-             "overlap_qa": "word-overlap QA"}
+# the task types' train-only baselines (lib.evaluation.baselines), each also as "<name>_full_train"
+BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values()}
 
 
 def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),

@@ -14,8 +14,8 @@ Saved as a folder: the backbone as lib.models.transformer writes it (model.safet
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
 (`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
-folder is also its checkpoint for the task's type (EXPORTS: *ForSequenceClassification, also for
-regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
+folder is also its checkpoint for the task's type (the type's `exports`: *ForSequenceClassification,
+also for regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
 in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
 "transformers" says why.
 """
@@ -40,6 +40,8 @@ from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.hf import export_family, load_exported, read_weights
 from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks import DEFAULT_TYPE, TYPES
+from lib.tasks.base import TaskType
 
 HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
 EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
@@ -158,40 +160,8 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-# Export: a model whose backbone and head transformers also has is saved as that family's checkpoint
-# for the task's type too. family -> (class, the names there of our head's layers: its dense layer
-# (None: it has none), its output layer)
-SEQUENCE_CLASSIFIERS = {
-    "bert": ("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
-    "roberta": ("RobertaForSequenceClassification", "classifier.dense", "classifier.out_proj"),
-    "roberta-prelayernorm": ("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
-                             "classifier.out_proj"),
-    "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
-    "gpt2": ("GPT2ForSequenceClassification", None, "score"),
-}
-CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
-                  "electra": "Electra", "gpt2": "GPT2"}
-EXPORTS = {  # task type -> family -> as SEQUENCE_CLASSIFIERS
-    "classification": SEQUENCE_CLASSIFIERS,
-    "regression": SEQUENCE_CLASSIFIERS,  # one output, problem_type "regression"
-    # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
-    # to one score per choice; ELECTRA's (a SequenceSummary) and GPT-2's (a double-heads LM) differ
-    "multiple_choice": {"bert": ("BertForMultipleChoice", "bert.pooler.dense", "classifier"),
-                        "roberta": ("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier"),
-                        "roberta-prelayernorm": ("RobertaPreLayerNormForMultipleChoice",
-                                                 "roberta_prelayernorm.pooler.dense", "classifier")},
-    # dropout and a linear layer on every position's state
-    "tagging": {family: (f"{prefix}ForTokenClassification", None, "classifier")
-                for family, prefix in CLASS_PREFIXES.items()},
-    "span_qa": {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs")
-                for family, prefix in CLASS_PREFIXES.items()},
-}
-PER_TOKEN_TYPES = ("tagging", "span_qa")
-
-
-def classifier_family(model: Classifier, special_ids: dict[str, int],
-                      task_type: str = "classification") -> tuple[str | None, str]:
-    """(the transformers family whose model for `task_type` computes what `model` does, "") or (None,
+def classifier_family(model: Classifier, special_ids: dict[str, int], kind: TaskType) -> tuple[str | None, str]:
+    """(the transformers family whose model for task type `kind` computes what `model` does, "") or (None,
     why there is none)."""
     cfg, head = model.backbone.cfg, model.head_cfg
     family, why = export_family(cfg)
@@ -200,13 +170,12 @@ def classifier_family(model: Classifier, special_ids: dict[str, int],
     if head.features == "concat" or head.block:
         return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
                      "transformers equivalent"
-    exports = EXPORTS[task_type]
-    if family not in exports:
-        return None, f"transformers has no {task_type} model of the {family} family that computes this head"
+    if family not in kind.exports:
+        return None, f"transformers has no {kind.name} model of the {family} family that computes this head"
     if cfg.causal and family != "gpt2":
         return None, f"a causal {family}: transformers' {family} attends both ways"
-    name = exports[family][0]
-    if task_type in PER_TOKEN_TYPES:
+    name = kind.exports[family][0]
+    if kind.per_token:
         if head.features != "tokens" or head.pooler is not None or not head.bias:
             return None, f"{name}'s head is one linear layer with bias on every position; this head is not"
         return family, ""
@@ -222,9 +191,9 @@ def classifier_family(model: Classifier, special_ids: dict[str, int],
     return family, ""
 
 
-def head_tensor_names(model: Classifier, family: str, task_type: str = "classification") -> dict[str, str]:
-    """Our head's tensor names -> theirs in `family`'s checkpoint for `task_type`."""
-    _, dense, out = EXPORTS[task_type][family]
+def head_tensor_names(model: Classifier, family: str, kind: TaskType) -> dict[str, str]:
+    """Our head's tensor names -> theirs in `family`'s checkpoint for task type `kind`."""
+    _, dense, out = kind.exports[family]
     layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
     names = {}
     for name in model.head.state_dict():
@@ -235,40 +204,35 @@ def head_tensor_names(model: Classifier, family: str, task_type: str = "classifi
 
 def head_checkpoint(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
-    `family` checkpoint the one for the task's type (meta["type"]): the class, the labels. A regression
-    model's standardised output is turned into the score there (see scale_output)."""
-    task_type = meta.get("type", "classification")
+    `family` checkpoint the one for the task's type (meta["type"]): the class, the labels, the output
+    layer as that class reads it (TaskType.export_output)."""
+    kind = saved_type(meta)
     head = model.head.state_dict()
     tensors = {theirs: head[ours].detach().cpu().contiguous()
-               for ours, theirs in head_tensor_names(model, family, task_type).items()}
-    config: dict[str, Any] = dict(architectures=[EXPORTS[task_type][family][0]],
-                                  classifier_dropout=model.head_cfg.dropout)
-    if task_type == "regression":
-        out = EXPORTS[task_type][family][2]
-        weight, bias = scale_output(tensors[f"{out}.weight"], tensors[f"{out}.bias"], **meta["info"])
-        tensors.update({f"{out}.weight": weight, f"{out}.bias": bias})
-        config.update(num_labels=1, problem_type="regression")
-    elif task_type in ("classification", "tagging"):
-        labels = meta.get("label_names") or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
-        config.update(num_labels=len(labels), id2label={str(i): name for i, name in enumerate(labels)},
-                      label2id={name: i for i, name in enumerate(labels)})
-        if task_type == "classification":
-            config["problem_type"] = "single_label_classification"
+               for ours, theirs in head_tensor_names(model, family, kind).items()}
+    tensors.update(output_layer(tensors, kind.exports[family][2], kind, meta.get("info", {})))
+    labels = meta.get("label_names") or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
+    config = dict(architectures=[kind.exports[family][0]], classifier_dropout=model.head_cfg.dropout,
+                  **kind.export_config(labels))
     return tensors, config
 
 
-def scale_output(weight: torch.Tensor, bias: torch.Tensor, mean: float, std: float,
-                 inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output layer whose output is `std * ours + mean` (the score in label units, what
-    transformers' regression model should give), or with inverse the one it came from."""
-    if inverse:
-        return weight / std, (bias - mean) / std
-    return weight * std, bias * std + mean
+def output_layer(tensors: dict[str, torch.Tensor], name: str, kind: TaskType, info: dict[str, Any],
+                 inverse: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors of output layer `name` as transformers' model of the type reads them (TaskType.export_output),
+    or with `inverse` as ours does."""
+    layer = {leaf: tensors[f"{name}.{leaf}"] for leaf in ("weight", "bias") if f"{name}.{leaf}" in tensors}
+    return {f"{name}.{leaf}": tensor for leaf, tensor in kind.export_output(layer, info, inverse).items()}
+
+
+def saved_type(meta: dict[str, Any]) -> TaskType:
+    """The task type of a classifier.json (one from before task types has none, and is the default's)."""
+    return TYPES[meta.get("type", DEFAULT_TYPE)]
 
 
 def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
                    max_len: int | None) -> None:
-    """The tokenizer files, set up so that transformers encodes as lib.tasks.encoding.encode does (texts within
+    """The tokenizer files, set up so that transformers encodes as lib.data.encoding.encode does (texts within
     max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
     segment embeddings (GPT-2 would add them as tokens), max_len as model_max_length."""
     for path in Path(tokenizer_dir).iterdir():
@@ -301,9 +265,9 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
-    task_type = meta.get("type", "classification")
-    family, why = classifier_family(model, special, task_type)
-    line = f"{EXPORTED}{EXPORTS[task_type][family][0]}" if family else f"lib layout only: {why}"
+    kind = saved_type(meta)
+    family, why = classifier_family(model, special, kind)
+    line = f"{EXPORTED}{kind.exports[family][0]}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:
             save_model(model.backbone, tmp, special)
@@ -332,16 +296,13 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         theirs = read_weights(model_dir)
         cfg = read_config(model_dir)
         model = Classifier(load_exported(model_dir, cfg, theirs), head)
-        task_type = info.get("type", "classification")
-        names = head_tensor_names(model, export_family(cfg)[0], task_type)
+        kind = saved_type(info)
+        names = head_tensor_names(model, export_family(cfg)[0], kind)
         missing = [t for t in names.values() if t not in theirs]
         if missing:
             raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the model's head); "
                             "write the folder again with the finetune stage")
         tensors = {ours: theirs[t] for ours, t in names.items()}
-        if task_type == "regression":
-            out = str(len(model.head) - 1)
-            tensors[f"{out}.weight"], tensors[f"{out}.bias"] = scale_output(
-                tensors[f"{out}.weight"], tensors[f"{out}.bias"], **info["info"], inverse=True)
+        tensors.update(output_layer(tensors, str(len(model.head) - 1), kind, info.get("info", {}), inverse=True))
         model.head.load_state_dict(tensors)
     return model.to(device).eval(), info

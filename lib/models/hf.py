@@ -383,6 +383,20 @@ ARCHITECTURES = {"bert": ("BertForMaskedLM", "BertLMHeadModel"), "roberta": ("Ro
                  "roberta-prelayernorm": ("RobertaPreLayerNormForMaskedLM", "RobertaPreLayerNormForCausalLM"),
                  "gpt2": (None, "GPT2LMHeadModel")}
 
+# Task models: the sequence classifier of each family, (class, the names there of the plain head's layers:
+# its dense layer (None: it has none), its output layer), and the prefix of its other task classes (each
+# task type (lib/tasks) names the ones of its own)
+SEQUENCE_CLASSIFIERS = {
+    "bert": ("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
+    "roberta": ("RobertaForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "roberta-prelayernorm": ("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
+                             "classifier.out_proj"),
+    "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "gpt2": ("GPT2ForSequenceClassification", None, "score"),
+}
+CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
+                  "electra": "Electra", "gpt2": "GPT2"}
+
 
 def load_exported(folder: Path, cfg: TransformerConfig,
                   tensors: dict[str, torch.Tensor] | None = None) -> Transformer:

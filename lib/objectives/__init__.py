@@ -11,8 +11,8 @@ nothing else about it. The contract:
 from torch's global RNG, which the trainer checkpoints and, for validation, seeds.
 
 A new objective is a module in this package with a subclass of `Objective` (lib/objectives/base.py)
-decorated with `@register`; every module here is imported below, so nothing else changes (but
-`lib.config.params.Objective` lists the names params.yaml accepts).
+decorated with `@register`; every module here is imported below, so nothing else changes
+(`check_objective` validates params.yaml's `objective` against the registry).
 """
 from __future__ import annotations
 
@@ -24,11 +24,26 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from lib.config.params import Params
+from lib.config.params import Params, ParamsError, check_choice
 from lib.core.errors import UserError
 from lib.models.folder import load_model, save_model
 from lib.models.transformer import TransformerConfig
 from lib.objectives.base import OBJECTIVES, Objective, fitting_objective, register  # noqa: F401 (the interface)
+
+
+def check_objective(params: Params) -> None:
+    """`objective` against the registry, and the sections that depend on it (a check of
+    lib.config.params.load_params, for the stages that pretrain)."""
+    check_choice(params.objective, OBJECTIVES, "objective")
+    objective = OBJECTIVES[params.objective]
+    if params.mlm.sentence != "none" and (not objective.sentence_task or params.model.segment_vocab < 2):
+        able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.sentence_task)
+        raise ParamsError(f"mlm.sentence: {params.mlm.sentence} needs objective: {able} and model.segment_vocab >= 2 "
+                          f"(they are {params.objective} and {params.model.segment_vocab}); set mlm.sentence: none")
+    if params.finetune.aux_lm_weight > 0 and not objective.causal:
+        able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.causal)
+        raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
+                          f"(objective: {able}), not {params.objective}; set it to 0")
 
 
 def build_objective(name: str, params: Params, vocab_size: int, special_ids: dict[str, int],

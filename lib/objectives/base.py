@@ -16,6 +16,7 @@ class Objective(nn.Module):
 
     name: ClassVar[str]
     causal: ClassVar[bool]
+    sentence_task: ClassVar[bool] = False  # whether it learns mlm.sentence (SOP, NSP) beside its own loss
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):

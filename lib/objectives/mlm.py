@@ -28,6 +28,7 @@ from lib.objectives.sentence import Pairs, sentence_pairs
 class MaskedLM(Objective):
     name = "mlm"
     causal = False
+    sentence_task = True
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):

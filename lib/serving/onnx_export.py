@@ -7,7 +7,7 @@ position table: it extrapolates) up to the classifier's encoding max_len where t
 `quantize_int8` is ONNX Runtime's dynamic quantization of it: int8 weights, activations quantized
 per call.
 `OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
-the folder, the same encoding (lib.tasks.encoding.encode), batching and softmax, so only the forward differs.
+the folder, the same encoding (lib.data.encoding.encode), batching and softmax, so only the forward differs.
 
     python -m lib.serving.onnx_export models/distill/imdb --int8 --out deploy/imdb.onnx   # and deploy/imdb.int8.onnx
 

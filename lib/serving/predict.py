@@ -2,7 +2,7 @@
 
 A prediction must see exactly the inputs training saw, so `TextClassifier` reads everything from the
 folder itself: the tokenizer (tokenizer.json), the layout and truncation (classifier.json's
-"encoding"), the special token ids (tokenizer_meta.json), and encodes with `lib.tasks.encoding.encode`, the
+"encoding"), the special token ids (tokenizer_meta.json), and encodes with `lib.data.encoding.encode`, the
 function training used. Texts are batched by length (little padding) and returned in input order.
 
     from lib.serving.predict import TextClassifier
@@ -31,9 +31,9 @@ from tokenizers import Tokenizer
 
 from lib.core import runtime
 from lib.core.errors import UserError
+from lib.data.encoding import encode, padded
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.models.classifier import META_FILE, Classifier, load_classifier
-from lib.tasks.encoding import encode, padded
 
 if TYPE_CHECKING:
     import pandas as pd

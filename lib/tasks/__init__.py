@@ -10,10 +10,58 @@ A type says, for lib/training/finetune.py's one fit loop:
   how many units (examples, tagged tokens) the loss averages over, so data-parallel ranks weigh
   their shares of a batch;
 - predictions per example and the scores of a split (`score`), with what the evaluation split takes
-  from dev (`calibration`: SQuAD 2.0's no-answer threshold).
+  from dev (`calibration`: SQuAD 2.0's no-answer threshold);
+- what params may say of it (its metrics and their defaults, whether label_names apply, the
+  text_pair_field it needs: `check`, run by `check_tasks` for every stage that reads `tasks`);
+- its soft loss for distillation, its train-only baseline (lib/evaluation/baselines.py) and how a
+  timed call reads, its transformers classes per family and config keys for export
+  (lib/models/classifier.py), what its fields hold for decontamination (`field_kinds`).
+
+A new type is one module here with a TaskType subclass and its TYPE, and its entry in TYPES below.
+No other file names a type (tests/test_layout.py fails on a type's name as a string outside lib/tasks/).
 """
+from lib.config.params import Params, TaskConfig, check_choice
 from lib.tasks import classification, multiple_choice, regression, span_qa, tagging
-from lib.tasks.base import TaskType
+from lib.tasks.base import ParamsError, TaskType
 
 TYPES: dict[str, TaskType] = {t.name: t for t in (classification.TYPE, regression.TYPE, tagging.TYPE, span_qa.TYPE,
                                                   multiple_choice.TYPE)}
+DEFAULT_TYPE = classification.TYPE.name  # a task's type where params.yaml names none
+
+
+def task_type(cfg: TaskConfig) -> TaskType:
+    return TYPES[cfg.type or DEFAULT_TYPE]
+
+
+def field_kinds(tasks: dict[str, TaskConfig]) -> dict[str, dict[str, str]]:
+    """Per task, what its fields hold where not one text (its type's `field_kinds`), for decontamination."""
+    return {name: task_type(cfg).field_kinds for name, cfg in tasks.items()}
+
+
+def check_task(cfg: TaskConfig, key: str) -> None:
+    """One task's config (`key`: tasks.<name>) against its type, its defaults filled in."""
+    cfg.type = cfg.type or DEFAULT_TYPE
+    check_choice(cfg.type, TYPES, f"{key}.type")
+    kind = TYPES[cfg.type]
+    if cfg.metrics is None:
+        cfg.metrics = list(kind.default_metrics)
+    kind.check(cfg, key)
+
+
+def check_tasks(params: Params) -> None:
+    """The `tasks` section against the types (a check of lib.config.params.load_params, for the stages that
+    read tasks): each task's type a registered one, its metrics the type's (null: its defaults, filled in
+    here so that every stage and tracked param sees them), its fields what the type needs."""
+    for name, cfg in params.tasks.items():
+        check_task(cfg, f"tasks.{name}")
+    for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's
+        kind = TYPES[params.tasks[name].type]
+        if not kind.unlabeled_transfer:
+            raise ParamsError(f"distill.unlabeled.{name}: {split!r} names unlabeled text for a {kind.name} task, "
+                              "which takes no unlabeled transfer text: remove the entry")
+    if params.finetune.aux_lm_weight > 0:
+        for task in params.finetune.tasks:
+            kind = TYPES[params.tasks[task].type]
+            if not kind.aux_lm:
+                raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss is not for {kind.name} tasks, and "
+                                  f"finetune.tasks has {task}; set it to 0")

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from lib.config.params import TaskConfig
+from lib.config.params import ParamsError, TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import read_rows, split_columns
 
@@ -94,8 +95,40 @@ class TaskType:
     """The common parts; a type overrides what its rows, head and scores need."""
 
     name: str
+    metrics: tuple[str, ...]  # what `score` computes: the names tasks.<name>.metrics may list
+    default_metrics: tuple[str, ...]  # where tasks.<name>.metrics is null
+    named_labels = False  # whether tasks.<name>.label_names names its classes (and fixes their order)
+    pair_role: str | None = None  # what text_pair_field holds where the type needs one (None: optional)
+    # What a task's field holds where it is not one text per row (lib.data.raw's decontamination spec)
+    field_kinds: dict[str, str] = {}
     per_token = False  # the head reads every position's state, not the sequence's summary
     head_dropout = True  # dropout before the output layer of the plain head (BERT's QA head has none)
+    # transformers' model of this type per checkpoint family (lib.models.hf): (class, the names there of
+    # the plain head's layers: its dense layer (None: it has none), its output layer); {} = none
+    exports: dict[str, tuple[str, str | None, str]] = {}
+    baseline: str  # the name the evaluation reports the type's train-only baseline under
+    baseline_label: str  # and how the report shows it
+    timed: str  # what one timed call of a model is, for the report ({seq_len}: evaluate.latency_seq_len)
+    aux_lm = False  # finetune.aux_lm_weight: an auxiliary LM loss on the task's texts
+    # the frozen variant's probe: scikit-learn's logistic regression on the features (its cross-entropy is
+    # the type's loss), else L-BFGS on the type's own loss
+    logistic_probe = False
+    unlabeled_transfer = False  # distill.unlabeled: in-domain texts the teacher labels for the student
+    served = False  # lib/serving predicts it from raw text (TextClassifier, ONNX Runtime, MLflow pyfunc)
+
+    # params -------------------------------------------------------------------------------------
+    def check(self, cfg: TaskConfig, key: str) -> None:
+        """Raise ParamsError naming the key of `cfg` (tasks.<name>, `key`) that this type can not use."""
+        if not cfg.metrics:
+            raise ParamsError(f"{key}.metrics: empty; name at least one of {', '.join(self.metrics)}")
+        unknown = [m for m in cfg.metrics if m not in self.metrics]
+        if unknown:
+            raise ParamsError(f"{key}.metrics: '{unknown[0]}' is not a {self.name} metric; "
+                              f"use {', '.join(self.metrics)}")
+        if cfg.label_names is not None and not self.named_labels:
+            raise ParamsError(f"{key}.label_names: a {self.name} task has no label names; remove it")
+        if self.pair_role and cfg.text_pair_field is None:
+            raise ParamsError(f"{key}.text_pair_field: a {self.name} task needs the field of its {self.pair_role}")
 
     # reading -------------------------------------------------------------------------------------
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list, dict[str, int]]:
@@ -211,6 +244,54 @@ class TaskType:
         """({metric: value} of `predictions` (one per example of task.<split>), extras: what the
         evaluation split takes from dev's (calibration), a confusion matrix, a breakdown)."""
         raise NotImplementedError
+
+    def scatter(self, task: TaskData, predictions: list) -> list[list[float]] | None:
+        """[gold, predicted] per evaluation item, where the report draws one against the other."""
+        return None
+
+    def check_labels(self, saved: list[str], task: TaskData, where: str) -> None:
+        """Raise UserError (naming `where`, a saved model) when the model's label names `saved` do not fit
+        the task's data."""
+
+    # export ---------------------------------------------------------------------------------------
+    def export_config(self, label_names: list[str]) -> dict[str, Any]:
+        """The keys of transformers' config.json that make an exported checkpoint this type's model."""
+        return {}
+
+    def export_output(self, layer: dict[str, torch.Tensor], info: dict[str, Any],
+                      inverse: bool = False) -> dict[str, torch.Tensor]:
+        """The head's output layer ({"weight", "bias" where it has one}) as transformers' model of this type
+        reads it, or with `inverse` the one it came from (`info`: the task's, as saved with the model)."""
+        return layer
+
+    # distillation ---------------------------------------------------------------------------------
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
+                  temperature: float) -> torch.Tensor:
+        """The student's loss against the teacher's outputs on a batch (padded alike), a mean over the
+        units `units` counts: by default KL over the last dimension (classes, choices)."""
+        return soft_loss(student, teacher, temperature)
+
+    # evaluation -----------------------------------------------------------------------------------
+    def baseline_scores(self, task: TaskData, train: list, metrics: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
+        """(scores, extras as `score` gives them) of the type's baseline (lib.evaluation.baselines) fit on
+        the `train` items, on task's evaluation items."""
+        raise NotImplementedError
+
+    def latency_batch(self, info: dict[str, Any]) -> int:
+        """The sequences one timed call runs (multiple choice: every choice of a question)."""
+        return 1
+
+
+def label_config(names: list[str]) -> dict[str, Any]:
+    """transformers' config.json keys for the classes `names` (index order)."""
+    return dict(num_labels=len(names), id2label={str(i): name for i, name in enumerate(names)},
+                label2id={name: i for i, name in enumerate(names)})
+
+
+def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher_T || student_T) averaged over the batch, times T^2 (the distributions over the last dim)."""
+    return F.kl_div(F.log_softmax(student_logits / temperature, -1), F.log_softmax(teacher_logits / temperature, -1),
+                    log_target=True, reduction="batchmean") * temperature**2
 
 
 def read_split(cfg: TaskConfig, split: str, key: str, fields: dict[str, str], also: Sequence[str] = ()):

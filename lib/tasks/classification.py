@@ -7,7 +7,7 @@ confusion matrix.
   be labeled; an evaluation split whose labels are all missing (GLUE marks them -1) is an unlabeled
   test split and gives no evaluation examples rather than an error.
 - Dev is hashed out of train by the example's text (both texts of a pair) as lib/tasks/base.py says,
-  ties between identical texts broken by the label; texts are laid out and cut as lib/tasks/encoding.py
+  ties between identical texts broken by the label; texts are laid out and cut as lib/data/encoding.py
   says.
 """
 from __future__ import annotations
@@ -20,10 +20,12 @@ import torch.nn.functional as F
 
 from lib.config.params import TaskConfig
 from lib.core.errors import UserError
+from lib.data.encoding import encode, padded
 from lib.data.sources import read_rows, split_columns
 from lib.evaluation.metrics import compute_metrics, confusion_matrix
-from lib.tasks.base import UNLABELED, TaskData, TaskType, hashed_split, hashed_subset, smallest_hashes, text_hash
-from lib.tasks.encoding import encode, padded
+from lib.models.hf import SEQUENCE_CLASSIFIERS
+from lib.tasks.base import (UNLABELED, TaskData, TaskType, hashed_split, hashed_subset, label_config, smallest_hashes,
+                            text_hash)
 
 
 @dataclass
@@ -212,6 +214,17 @@ def collate(examples: Sequence[Example], pad_id: int) -> Batch:
 
 class Classification(TaskType):
     name = "classification"
+    metrics = ("accuracy", "f1", "mcc")
+    default_metrics = ("accuracy",)
+    named_labels = True
+    exports = SEQUENCE_CLASSIFIERS
+    baseline = "tfidf"
+    baseline_label = "TF-IDF + LR"
+    timed = "one text of {seq_len} tokens per call"
+    aux_lm = True
+    logistic_probe = True
+    unlabeled_transfer = True
+    served = True
 
     def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
              dev_max: int, max_train: int | None = None, max_eval: int | None = None,
@@ -221,6 +234,9 @@ class Classification(TaskType):
 
     def n_outputs(self, task: TaskData) -> int:
         return len(task.label_names)
+
+    def export_config(self, label_names: list[str]) -> dict[str, Any]:
+        return {**label_config(label_names), "problem_type": "single_label_classification"}
 
     def collate(self, examples: Sequence[Example], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
         return vars(collate(examples, pad_id))

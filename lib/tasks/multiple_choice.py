@@ -6,7 +6,7 @@
   drop every other). A row with another count, a label that is not an index of its
   endings, or an empty text is skipped and counted by reason: one malformed row should not stop a run,
   and a ragged batch could not be a (B, n_choices, T) tensor.
-- Each choice is encoded as its own pair by `lib.tasks.encoding.encode`, `[bos] context [eos] ending [eos]`,
+- Each choice is encoded as its own pair by `lib.data.encoding.encode`, `[bos] context [eos] ending [eos]`,
   segment 0 then 1, cut longest-first to max_len (so a long context gives way before a short ending).
   A feature holds its question's n_choices sequences; a batch pads all of them to its longest one.
 - The type's forward runs the model on the (B * n_choices, T) flattened batch, its head (one output)
@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from lib.config.params import TaskConfig
+from lib.data.encoding import encode as encode_texts
+from lib.data.encoding import padded
+from lib.evaluation.baselines import tfidf_choice_scores
 from lib.evaluation.metrics import choice_accuracy, confusion_matrix
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.encoding import encode as encode_texts
-from lib.tasks.encoding import padded
 
 
 class Question(NamedTuple):
@@ -75,7 +76,7 @@ def read_rows(rows: Iterable[dict[str, Any]], n_choices: int | None = None, *, c
 def encode(items: list[Question], tokenizer, special: dict[str, int], max_len: int,
            truncation: str) -> tuple[list[Choices], int]:
     """(features, number of choice sequences truncated): each (context, ending) pair laid out by
-    lib.tasks.encoding.encode (`special`: role -> id), grouped per question in the order of its endings. One
+    lib.data.encoding.encode (`special`: role -> id), grouped per question in the order of its endings. One
     encode call for all pairs: the tokenizer batches them across threads."""
     contexts = [item.context for item in items for _ in item.endings]
     endings = [ending for item in items for ending in item.endings]
@@ -111,6 +112,22 @@ class MultipleChoice(TaskType):
     scores each sequence's summary state (one output), viewed back as (B, n_choices)."""
 
     name = "multiple_choice"
+    metrics = default_metrics = ("accuracy",)
+    pair_role = "list of endings"
+    # Each ending completes the context (text_field) into the text a document would hold ("The chicken
+    # cannot fly. It" + " " + "crosses the road."): an ending alone is a fragment, mostly shorter than
+    # the words decontamination matches on, and as generic.
+    field_kinds = {"text_pair_field": "endings"}
+    # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
+    # to one score per choice; ELECTRA's (a SequenceSummary) and GPT-2's (a double-heads LM) differ
+    exports = {"bert": ("BertForMultipleChoice", "bert.pooler.dense", "classifier"),
+               "roberta": ("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier"),
+               "roberta-prelayernorm": ("RobertaPreLayerNormForMultipleChoice", "roberta_prelayernorm.pooler.dense",
+                                        "classifier")}
+    baseline = "tfidf_choice"
+    baseline_label = "TF-IDF ending cosine"
+    timed = ("one question per call: its {n} (context, ending) sequences of {seq_len} tokens as one batch of {n}; "
+             "throughput in sequences/s (÷ {n} for questions/s)")
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
         rows = read_split(cfg, split, key, {"context": "text_field", "endings": "text_pair_field",
@@ -156,6 +173,12 @@ class MultipleChoice(TaskType):
 
     def class_names(self, task: TaskData) -> list[str]:
         return [f"ending {i}" for i in range(task.info["n_choices"])]
+
+    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str]):
+        return self.score(task, "eval", tfidf_choice_scores(train, task.references["eval"]).tolist(), metrics)
+
+    def latency_batch(self, info: dict[str, Any]) -> int:
+        return info["n_choices"]
 
 
 TYPE = MultipleChoice()

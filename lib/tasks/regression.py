@@ -4,7 +4,7 @@
   that does not parse as one) is skipped and counted by reason, never a traceback: one bad line should
   not stop a run, and the counts say how many there were. -1 is GLUE's mark of an unlabeled test
   row (lib.tasks.base.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
-- Texts are laid out as lib.tasks.encoding lays out every pair, by `lib.tasks.encoding.encode`:
+- Texts are laid out as lib.data.encoding lays out every pair, by `lib.data.encoding.encode`:
   `[bos] a [eos] b [eos]`, segment 0 then 1, cut longest-first to max_len.
 - The model is the task's sequence model (lib.models.classifier.Classifier) with one output, read as a
   standardised score: prediction = output * std + mean, with the train targets' mean and std kept in
@@ -28,11 +28,13 @@ import torch.nn.functional as F
 
 from lib.config.params import TaskConfig
 from lib.core.errors import UserError
+from lib.data.encoding import encode as encode_texts
+from lib.data.encoding import padded
+from lib.evaluation.baselines import tfidf_similarity
 from lib.evaluation.metrics import pearson, spearman
+from lib.models.hf import SEQUENCE_CLASSIFIERS
 from lib.tasks.base import TaskType, read_split
 from lib.tasks.base import UNLABELED, TaskData
-from lib.tasks.encoding import encode as encode_texts
-from lib.tasks.encoding import padded
 
 
 class Scored(NamedTuple):
@@ -100,7 +102,7 @@ def target_scale(items: list[Scored], key: str) -> tuple[float, float]:
 
 def encode(items: list[Scored], tokenizer, special: dict[str, int], max_len: int,
            truncation: str) -> tuple[list[Example], int]:
-    """(examples, number truncated): each item laid out by lib.tasks.encoding.encode (`special`: role -> id)."""
+    """(examples, number truncated): each item laid out by lib.data.encoding.encode (`special`: role -> id)."""
     pair = bool(items) and items[0].b is not None
     ids, segments, truncated = encode_texts(tokenizer, [item.a for item in items],
                                             [item.b for item in items] if pair else None,
@@ -121,6 +123,12 @@ class Regression(TaskType):
     task's info and saved with the model), learnt by MSE in those units; predictions are z * std + mean."""
 
     name = "regression"
+    metrics = ("pearson", "spearman")
+    default_metrics = ("pearson", "spearman")
+    exports = SEQUENCE_CLASSIFIERS  # one output, problem_type "regression"
+    baseline = "tfidf_similarity"
+    baseline_label = "TF-IDF cosine"
+    timed = "one sentence pair of {seq_len} tokens per call"
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Scored], dict[str, int]]:
         fields = {"a": "text_field", "label": "label_field", **({"b": "text_pair_field"} if cfg.text_pair_field else {})}
@@ -142,6 +150,18 @@ class Regression(TaskType):
     def n_outputs(self, task: TaskData) -> int:
         return 1
 
+    def export_config(self, label_names: list[str]) -> dict[str, Any]:
+        return {"num_labels": 1, "problem_type": "regression"}
+
+    def export_output(self, layer: dict[str, torch.Tensor], info: dict[str, Any],
+                      inverse: bool = False) -> dict[str, torch.Tensor]:
+        """The output layer whose output is `std * ours + mean`: the score in label units, what
+        transformers' regression model should give."""
+        weight, bias, mean, std = layer["weight"], layer["bias"], info["mean"], info["std"]
+        if inverse:
+            return {"weight": weight / std, "bias": (bias - mean) / std}
+        return {"weight": weight * std, "bias": bias * std + mean}
+
     def collate(self, examples: Sequence[Example], pad_id: int, task: TaskData) -> dict[str, torch.Tensor]:
         return collate(list(examples), pad_id)
 
@@ -157,6 +177,18 @@ class Regression(TaskType):
         gold = [e.value for e in (task.dev if split == "dev" else task.eval)]
         functions = {"pearson": pearson, "spearman": spearman}
         return {m: functions[m](predictions, gold) for m in metrics}, {}
+
+    def scatter(self, task: TaskData, predictions: list[float]) -> list[list[float]]:
+        return [[item.value, value] for item, value in zip(task.references["eval"], predictions)]
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
+                  temperature: float) -> torch.Tensor:
+        """The mean squared difference of the standardised scores (the loss, with the teacher's score for
+        the gold one)."""
+        return F.mse_loss(student, teacher)
+
+    def baseline_scores(self, task: TaskData, train: list[Scored], metrics: list[str]):
+        return self.score(task, "eval", tfidf_similarity(train, task.references["eval"]), metrics)
 
 
 TYPE = Regression()

@@ -45,7 +45,9 @@ from lib.config.params import TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
-from lib.evaluation.metrics import apply_no_answer_threshold, best_no_answer_threshold, squad_scores
+from lib.evaluation.baselines import OverlapQA
+from lib.evaluation.metrics import apply_no_answer_threshold, best_no_answer_threshold, golds, squad_scores
+from lib.models.hf import CLASS_PREFIXES
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
 
@@ -256,11 +258,6 @@ def _best_span(starts: torch.Tensor, ends: torch.Tensor, candidate: list[bool],
     return scores.flatten()[flat].item(), first, first + length
 
 
-def golds(questions: Sequence[Question]) -> dict[str, list[str]]:
-    """{question id: its gold answer texts} ([] for unanswerable), as lib.evaluation.metrics.squad_scores takes them."""
-    return {q.id: [a.text for a in q.answers] for q in questions}
-
-
 class SpanQA(TaskType):
     """Start and end logits from the head's two outputs at every position; questions fall into train or
     dev by their context, so no paragraph is in both. Predictions are per window, decoded per question
@@ -268,8 +265,14 @@ class SpanQA(TaskType):
     threshold is the best one on dev, and the evaluation split is answered with dev's."""
 
     name = "span_qa"
+    metrics = default_metrics = ("f1", "exact_match")
+    pair_role = "context"
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
+    exports = {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs") for family, prefix in CLASS_PREFIXES.items()}
+    baseline = "overlap_qa"
+    baseline_label = "word-overlap QA"
+    timed = "one window of {seq_len} tokens per call (a longer context takes several)"
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
         fields = {"question": "text_field", "context": "text_pair_field", "answers": "label_field"}
@@ -317,6 +320,35 @@ class SpanQA(TaskType):
             extras["threshold"] = threshold
         scores = squad_scores(texts, golds(questions))
         return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
+                  temperature: float) -> torch.Tensor:
+        """(B, T, 2) start and end logits -> the mean of masked_soft_loss over the start and over the end
+        distributions, both over the candidate positions (those an answer may begin or end at, and 0 for
+        "no answer"), as the loss chooses among them."""
+        return sum(masked_soft_loss(student[..., k], teacher[..., k], batch["candidates"], temperature)
+                   for k in (0, 1)) / 2
+
+    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str]):
+        """The baseline answers with text, not logits: scored here as `score` scores decoded answers."""
+        items = task.references["eval"]
+        model = OverlapQA.fit(train, no_answer=bool(task.info.get("unanswerable")))
+        scores = squad_scores(model.answers(items), golds(items))
+        extras = {"threshold": model.threshold} if model.threshold is not None else {}
+        return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
+
+
+def masked_soft_loss(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor,
+                     temperature: float) -> torch.Tensor:
+    """(B, T) logits, (B, T) bool -> KL(teacher_T || student_T) of the distributions over each row's
+    allowed positions only, mean over the rows, times T^2. The others get probability 0 in both and
+    add nothing (filled after the log-softmax, so that no -inf - -inf makes a nan)."""
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax((logits / temperature).masked_fill(~allowed, float("-inf")), -1).masked_fill(~allowed, 0.0)
+
+    student_log, teacher_log = log_probs(student), log_probs(teacher)
+    p = teacher_log.exp().masked_fill(~allowed, 0.0)
+    return (p * (teacher_log - student_log)).sum(-1).mean() * temperature**2
 
 
 TYPE = SpanQA()

@@ -41,9 +41,11 @@ import torch.nn.functional as F
 from lib.config.params import TaskConfig
 from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
+from lib.evaluation.baselines import lexicon_tags
 from lib.evaluation.metrics import confusion_matrix, entity_scores
+from lib.models.hf import CLASS_PREFIXES
 from lib.tasks.base import TaskData
-from lib.tasks.base import TaskType, read_split
+from lib.tasks.base import TaskType, label_config, read_split, soft_loss
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
 OUTSIDE = "O"
@@ -183,7 +185,16 @@ class Tagging(TaskType):
     the tagged positions, so `units` counts them."""
 
     name = "tagging"
+    metrics = ("f1", "precision", "recall")
+    default_metrics = ("f1",)
+    named_labels = True
+    field_kinds = {"text_field": "words"}  # a list of words, which a document holds joined by spaces
     per_token = True
+    exports = {family: (f"{prefix}ForTokenClassification", None, "classifier")  # a linear layer on every state
+               for family, prefix in CLASS_PREFIXES.items()}
+    baseline = "lexicon"
+    baseline_label = "lexicon tagger"
+    timed = "one sentence of {seq_len} tokens per call, a tag per token"
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Sentence], dict[str, int]]:
         sentences, skipped = read_rows(read_split(cfg, split, key, {"tokens": "text_field", "tags": "label_field"}),
@@ -203,6 +214,9 @@ class Tagging(TaskType):
 
     def class_names(self, task: TaskData) -> list[str]:
         return task.label_names
+
+    def export_config(self, label_names: list[str]) -> dict[str, Any]:
+        return label_config(label_names)
 
     def n_outputs(self, task: TaskData) -> int:
         return len(task.label_names)
@@ -227,6 +241,24 @@ class Tagging(TaskType):
         words = [(index[g], index[p]) for gold_tags, tags in zip(gold, predictions) for g, p in zip(gold_tags, tags)]
         confusion = confusion_matrix([p for _, p in words], [g for g, _ in words], len(task.label_names))
         return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"], "confusion": confusion.tolist()}
+
+    def check_labels(self, saved: list[str], task: TaskData, where: str) -> None:
+        if sorted(saved) != sorted(task.label_names):
+            raise UserError(f"{where}: tags {saved} but the task's data has {task.label_names}; finetune again "
+                            "(dvc repro)")
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
+                  temperature: float) -> torch.Tensor:
+        """KL over the tags at each tagged position, averaged over those positions; 0 (with a gradient
+        path) where there is none."""
+        positions = batch["labels"] != IGNORE
+        if not positions.any():
+            return student.sum() * 0.0
+        return soft_loss(student[positions], teacher[positions], temperature)
+
+    def baseline_scores(self, task: TaskData, train: list[Sentence], metrics: list[str]):
+        predicted = lexicon_tags(train, [s.words for s in task.references["eval"]])
+        return self.score(task, "eval", predicted, metrics)
 
 
 TYPE = Tagging()

@@ -8,7 +8,7 @@ spread from the first to the last (DistilBERT's "one layer out of two": for 12 -
 projections carry its states to the teacher's width for the state losses.
 
 The loss is a weighted sum of
-- soft: the teacher's outputs as targets, in the form that fits the task's type (SOFT_LOSSES):
+- soft: the teacher's outputs as targets, in the form that fits the task's type (TaskType.soft_loss):
   KL(teacher || student) of the temperature-T distributions, times T^2, so that its gradients keep
   their size whatever T is (Hinton et al. 2015), over the classes (classification), over a question's
   choices (multiple_choice), over the tags at each tagged position (tagging: a word's first subword,
@@ -48,18 +48,17 @@ from lib.config.params import DistillConfig, ImplConfig
 from lib.core import runtime
 from lib.core.errors import UserError
 from lib.core.progress import Progress
+from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
 from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
-from lib.tasks.encoding import batch_indices
-from lib.tasks.tagging import IGNORE
 from lib.training import distributed
 from lib.training.distributed import Context
-from lib.training.finetune import run_name, score_split
 from lib.training.epoch_loop import EpochLoop
+from lib.training.finetune import run_name, score_split
 from lib.training.optim import adamw, warmup_decay
 
 
@@ -129,7 +128,7 @@ class Distiller(nn.Module):
     """The student and, when it is narrower than the teacher, a projection per student layer to the
     teacher's width; trained together, only the student is kept."""
 
-    def __init__(self, student: Classifier, teacher_width: int, kind: TaskType = TYPES["classification"]):
+    def __init__(self, student: Classifier, teacher_width: int, kind: TaskType):
         super().__init__()
         self.student, self.kind = student, kind
         width, layers = student.backbone.cfg.d_model, student.backbone.cfg.n_layers
@@ -159,59 +158,6 @@ def sequence_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return mask.flatten(0, 1) if mask.dim() == 3 else mask
 
 
-def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher_T || student_T) averaged over the batch, times T^2 (the distributions over the last dim)."""
-    return F.kl_div(F.log_softmax(student_logits / temperature, -1), F.log_softmax(teacher_logits / temperature, -1),
-                    log_target=True, reduction="batchmean") * temperature**2
-
-
-def token_soft_loss(student: torch.Tensor, teacher: torch.Tensor, positions: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
-    """(B, T, n_tags) outputs, (B, T) bool positions -> soft_loss over the tags at each chosen position,
-    averaged over those positions; 0 (with a gradient path) where there is none."""
-    if not positions.any():
-        return student.sum() * 0.0
-    return soft_loss(student[positions], teacher[positions], temperature)
-
-
-def masked_soft_loss(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor,
-                     temperature: float) -> torch.Tensor:
-    """(B, T) logits, (B, T) bool -> KL(teacher_T || student_T) of the distributions over each row's
-    allowed positions only, mean over the rows, times T^2. The others get probability 0 in both and
-    add nothing (filled after the log-softmax, so that no -inf - -inf makes a nan)."""
-    def log_probs(logits: torch.Tensor) -> torch.Tensor:
-        return F.log_softmax((logits / temperature).masked_fill(~allowed, float("-inf")), -1).masked_fill(~allowed, 0.0)
-
-    student_log, teacher_log = log_probs(student), log_probs(teacher)
-    p = teacher_log.exp().masked_fill(~allowed, 0.0)
-    return (p * (teacher_log - student_log)).sum(-1).mean() * temperature**2
-
-
-def span_soft_loss(student: torch.Tensor, teacher: torch.Tensor, candidates: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
-    """(B, T, 2) start and end logits -> the mean of masked_soft_loss over the start and over the end
-    distributions, both over the candidate positions (those an answer may begin or end at, and 0 for
-    "no answer"), as the type's loss chooses among them."""
-    return sum(masked_soft_loss(student[..., k], teacher[..., k], candidates, temperature) for k in (0, 1)) / 2
-
-
-def value_soft_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """(B, 1) standardised scores -> the mean squared difference (regression's loss, with the teacher's
-    score for the gold one)."""
-    return F.mse_loss(student, teacher)
-
-
-# per type: (student outputs, teacher outputs (padded alike), batch, temperature) -> the soft loss,
-# a mean over the units the type's `units` counts (examples; tagged words for tagging)
-SOFT_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], float], torch.Tensor]] = {
-    "classification": lambda s, t, batch, temperature: soft_loss(s, t, temperature),
-    "multiple_choice": lambda s, t, batch, temperature: soft_loss(s, t, temperature),
-    "tagging": lambda s, t, batch, temperature: token_soft_loss(s, t, batch["labels"] != IGNORE, temperature),
-    "span_qa": lambda s, t, batch, temperature: span_soft_loss(s, t, batch["candidates"], temperature),
-    "regression": lambda s, t, batch, temperature: value_soft_loss(s, t),
-}
-
-
 def hidden_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
     """(B, T, d) states -> the mean over real tokens of 1 - cosine or of the per-dimension squared error."""
     if kind == "cosine":
@@ -227,17 +173,16 @@ def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_outputs(teacher: Classifier, examples: list, hidden_layers: list[int], summary_layers: list[int],
-                    batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
-                    context: Context = Context(), label: str = "distill: teacher",
-                    task: TaskData | None = None) -> TeacherOutputs:
-    """The teacher's outputs on `examples` (of `task`'s type; classification without a task), its
+def teacher_outputs(teacher: Classifier, task: TaskData, examples: list, hidden_layers: list[int],
+                    summary_layers: list[int], batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
+                    context: Context = Context(), label: str = "distill: teacher") -> TeacherOutputs:
+    """The teacher's outputs on `examples` (of `task`'s type), its
     states at `hidden_layers` (per real token) and its summary states at `summary_layers` (layers
     1-based), in one forward pass over them. Per-token outputs are kept per example, cropped to its
     length. Under torchrun each rank runs every world-th batch and every rank gets the whole.
     Progress lines (`label`) count this rank's batches."""
     teacher.eval()
-    kind = TYPES[task.type if task is not None else "classification"]
+    kind = TYPES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
     groups = batch_indices(examples, batch_size)
     progress = Progress(label, -(-len(groups) // context.world), "batches", out=lambda line: distributed.say(context, line))
@@ -303,12 +248,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     over the ranks, and the returned student is whole on rank 0 only. `unlabeled` (examples the teacher
     alone labels, lib.tasks.classification.Example with label UNLABELED) is for a classification task only."""
     kind = TYPES[task.type]
-    if task.type not in SOFT_LOSSES:
-        raise UserError(f"tasks.{task.name}.type: distill has no soft loss for type {task.type!r} "
-                        f"(it has {', '.join(SOFT_LOSSES)})")
-    if unlabeled and task.type != "classification":
-        raise UserError(f"distill.unlabeled.{task.name}: unlabeled transfer text is for classification tasks; "
-                        f"{task.name} is {task.type}")
+    if unlabeled and not kind.unlabeled_transfer:
+        raise UserError(f"distill.unlabeled.{task.name}: {task.name} is {task.type}, which takes no unlabeled "
+                        "transfer text")
     blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
     k = cfg.layers
     # (student layer, teacher layer) pairs, 1-based
@@ -328,8 +270,8 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     if fsdp:  # the backbone, whose forward gathers its shards (the Classifier around it is not wrapped)
         distributed.shard(teacher.backbone, context)
     label = f"distill: {run_name(task.name, 'student', seed)}"
-    cache = teacher_outputs(teacher, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
-                            cfg.batch_size * 2, pad_id, device, impl, context, f"{label} teacher labelling", task)
+    cache = teacher_outputs(teacher, task, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
+                            cfg.batch_size * 2, pad_id, device, impl, context, f"{label} teacher labelling")
     teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
     if not fsdp:  # a sharded teacher keeps its 1/world share where it is
         teacher.to("cpu")
@@ -392,7 +334,6 @@ def train_epoch(synced: nn.Module, task: TaskData, transfer: list, cache: Teache
     labeled units, examples or tokens, so that DDP's mean over ranks is the whole batch's loss."""
     synced.train()
     kind = TYPES[task.type]
-    soft = SOFT_LOSSES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
     sums: dict[str, float] = {}
     per = len(cache.summary) // len(transfer) if cache.summary is not None else len(cache.hidden) // len(transfer)
@@ -410,7 +351,7 @@ def train_epoch(synced: nn.Module, task: TaskData, transfer: list, cache: Teache
         units = distributed.part_weight(sum(kind.units(transfer[i]) for i in mine),
                                         sum(kind.units(transfer[i]) for i in group), scale)
         target = teacher_targets(cache, mine, outputs.shape[1]).to(device)
-        terms = {"soft": soft(outputs, target, batch, cfg.temperature) * units}
+        terms = {"soft": kind.soft_loss(outputs, target, batch, cfg.temperature) * units}
         labeled = [row for row, i in enumerate(mine) if is_labeled(transfer[i])]
         n_labeled = sum(kind.units(transfer[i]) for i in group if is_labeled(transfer[i]))
         if cfg.hard_weight > 0 and n_labeled:

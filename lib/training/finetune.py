@@ -40,12 +40,12 @@ from sklearn.linear_model import LogisticRegression
 from lib.config.params import FinetuneConfig, ImplConfig
 from lib.core import runtime
 from lib.core.progress import Progress
+from lib.data.encoding import batch_indices
 from lib.models.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.models.transformer import Transformer
-from lib.tasks import TYPES
-from lib.tasks.base import TaskData
+from lib.tasks import DEFAULT_TYPE, TYPES
+from lib.tasks.base import TaskData, TaskType
 from lib.tasks.base import move
-from lib.tasks.encoding import batch_indices
 from lib.training import distributed
 from lib.training.distributed import Context
 from lib.training.epoch_loop import EpochLoop
@@ -90,7 +90,7 @@ def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], fl
 
 
 def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
-          task_type: str = "classification") -> Setup:
+          kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
     """The model and recipe of a full variant (ulmfit, plain, from_scratch), around a copy of
     `adapted` (random weights for from_scratch). A sequence-level type's ulmfit head is ULMFiT's
     concat-pooling block, its plain head that of transformers' sequence classifier; a per-token type
@@ -99,7 +99,6 @@ def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfi
     backbone = copy.deepcopy(adapted)
     if variant == "from_scratch":
         backbone = Transformer(adapted.cfg)
-    kind = TYPES[task_type]
     if kind.per_token:
         concat = HeadConfig(n_outputs, "tokens", block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
         token = HeadConfig(n_outputs, "tokens", block=False, dropout=cfg.head_dropout if kind.head_dropout else 0.0)
@@ -133,7 +132,7 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     label = f"finetune: {run_name(task.name, variant, seed)}"
     if variant == "frozen":
         return run_probe(task, metrics, adapted, cfg, impl, device, seed, pad_id, on_epoch, context, label)
-    plan = setup(variant, adapted, TYPES[task.type].n_outputs(task), cfg, task.type)
+    plan = setup(variant, adapted, TYPES[task.type].n_outputs(task), cfg, TYPES[task.type])
     model = plan.model.to(device)
     trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, checkpoint_dir, fingerprint, metrics[0],
                           context, label)
@@ -316,7 +315,7 @@ class ProbeTrainer:
         linear = self.model.head[-1]
         best, kept = -math.inf, None
         for c in self.cfg.probe_c:
-            weight, bias = self._logistic(c) if self.task.type == "classification" else self._lbfgs(c)
+            weight, bias = self._logistic(c) if self.kind.logistic_probe else self._lbfgs(c)
             with torch.no_grad():
                 linear.weight.copy_(weight)
                 linear.bias.copy_(bias)

@@ -27,8 +27,8 @@ from lib.models.hf import ImportedModel, checkpoint_folder, describe_import, imp
 from lib.models.transformer import Transformer
 from lib.objectives import Objective, build_objective, fitting_objective, save_objective
 from lib.training import distributed
-from lib.training.checkpoint import fingerprint
 from lib.training.budget_loop import Trainer, planned_tokens
+from lib.training.checkpoint import fingerprint
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
 CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val": ["step", "tokens", "val_loss"]}
