@@ -31,14 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import safetensors.torch
 import torch
-from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from lib.config.params import HUB_PREFIX, Params
 from lib.core.errors import UserError, describe
-from lib.core.io import atomic_dir, project_root
+from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
 from lib.models.transformer import Transformer, TransformerConfig
 
@@ -218,11 +216,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors: model.safetensors, else pytorch_model.bin as a plain state dict."""
     folder = Path(folder)
     if (folder / SAFETENSORS_FILE).is_file():
-        try:
-            return safetensors.torch.load_file(str(folder / SAFETENSORS_FILE))
-        except (SafetensorError, OSError) as err:
-            raise UserError(f"{folder / SAFETENSORS_FILE}: does not match config.json or is corrupt ({describe(err)}); "
-                            "write or download it again") from None
+        return read_safetensors(folder / SAFETENSORS_FILE)
     if (folder / PICKLE_FILE).is_file():
         try:
             state = torch.load(folder / PICKLE_FILE, map_location="cpu", weights_only=True)
