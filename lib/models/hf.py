@@ -453,8 +453,9 @@ def describe_import(imported: ImportedModel, spec: str) -> str:
     return line
 
 
-def checkpoint_folder(params: Params) -> Path:
-    """The local folder of params.init (downloaded or taken from the mirror when it is a hub id)."""
+def init_folder(params: Params) -> Path:
+    """The local folder of the published checkpoint params.init names (downloaded, or taken from the mirror,
+    when it is a hub id)."""
     return resolve(params.init, project_root(), params.data.models_mirror)
 
 
