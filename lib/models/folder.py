@@ -18,28 +18,28 @@ import torch.nn as nn
 from lib.core.errors import UserError, one_line
 from lib.core.io import atomic_dir, read_safetensors, write_safetensors
 from lib.models import hf
-from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_checkpoint, export_family
+from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout
 from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
 from lib.models.transformer import Transformer, TransformerConfig
 
 
 def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
                task_head: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
-    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: a transformers
-    checkpoint where a transformers architecture computes exactly what this model does (lib.models.hf, which
-    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout. `task_head`:
-    (tensors, config.json keys) a task model adds to the transformers checkpoint, so the file is
-    written once (lib.models.classifier)."""
+    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: in the layout of
+    the transformers architecture that computes exactly what this model does, where there is one
+    (lib.models.hf, which needs the tokenizer's `special_ids` for pad/bos/eos), else in this module's
+    own layout. `task_head`: (tensors, config.json keys) a task model adds to that transformers layout,
+    so the file is written once (lib.models.classifier)."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
     family, _ = export_family(model.cfg)
     if task_head is not None and family is None:
-        raise ValueError("a task head's tensors go into a transformers checkpoint; this model has none")
+        raise ValueError("a task head's tensors go into a transformers layout; this model has none")
     with atomic_dir(out_dir) as tmp:
         if family is None:
             write_safetensors(tmp / MODEL_FILE, model.state_dict())
             config = dataclasses.asdict(model.cfg)
         else:
-            config, tensors = export_checkpoint(model, family, special_ids or {})
+            config, tensors = export_layout(model, family, special_ids or {})
             head_tensors, head_config = task_head or ({}, {})
             config.update(head_config)
             write_safetensors(tmp / MODEL_FILE, {**tensors, **head_tensors}, metadata={"format": "pt"})
