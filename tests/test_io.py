@@ -58,10 +58,11 @@ def test_outputs_get_umask_permissions(tmp_path):
 
 def test_a_tied_tensor_is_stored_once_and_read_back_under_each_name(tmp_path):
     embeddings = torch.randn(4, 3)
-    tensors = {"head.weight": embeddings, "embeddings.weight": embeddings, "bias": torch.arange(3.0)}
+    tensors = {"head.weight": embeddings, "embeddings.weight": embeddings, "bias": torch.arange(3.0),
+               "empty.a": torch.zeros(0), "empty.b": torch.zeros(0)}
     write_safetensors(tmp_path / "w.safetensors", tensors, {"format": "pt"})
     with safe_open(tmp_path / "w.safetensors", "pt") as f:  # as safetensors.torch.save_model stores it
-        assert sorted(f.keys()) == ["bias", "embeddings.weight"]
+        assert sorted(f.keys()) == ["bias", "embeddings.weight", "empty.a", "empty.b"]
         assert f.metadata() == {"format": "pt", "head.weight": "embeddings.weight"}
     back = read_safetensors(tmp_path / "w.safetensors")
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())

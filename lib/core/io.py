@@ -172,14 +172,14 @@ def write_safetensors(path: str | Path, tensors: Mapping[str, torch.Tensor],
                       metadata: dict[str, str] | None = None) -> None:
     """`tensors` (on any device) as the safetensors file `path`, written atomically: the one writer of
     weight files. Names of one tensor (tied weights) store it once, under the first of them in sorted
-    order, and the metadata maps each other name to it, as safetensors.torch.save_model does (so the
-    files it wrote stay the same); read_safetensors gives every name back."""
+    order, and the metadata maps each other name to it: what safetensors.torch.save_model wrote, byte
+    for byte. read_safetensors gives every name back."""
     stored, metadata = {}, dict(metadata or {})
     first: dict[tuple, str] = {}  # where a tensor's values lie -> the name it is stored under
     for name in sorted(tensors):
         tensor = tensors[name]
         place = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
-        if place in first:
+        if tensor.numel() and place in first:  # (an empty tensor has no memory to share)
             metadata.setdefault(name, first[place])
         else:
             first[place] = name
