@@ -19,7 +19,7 @@ from lib.core.stage import open_stage
 from lib.data.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
 from lib.data.packed import PackedTokens, encode_to_packed
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
-from lib.models.hf import checkpoint_folder, save_tokenizer
+from lib.models.hf import init_folder, save_tokenizer
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 
@@ -34,7 +34,7 @@ def main() -> None:
     with stage.run() as run:
         with atomic_dir(args.out) as out:
             if params.init:
-                tokenizer = save_tokenizer(checkpoint_folder(params), params.init, out / TOKENIZER)
+                tokenizer = save_tokenizer(init_folder(params), params.init, out / TOKENIZER)
             else:
                 tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER)
             vocab_size, signature = tokenizer.get_vocab_size(), tokenizer_sha256(out / TOKENIZER)

@@ -195,7 +195,7 @@ CASES = [
     Case("a task type the registry does not have", "finetune",
          "tasks.stsb.type: 'ranking' is not one of classification, regression",
          params={**typed("stsb", max_len=64), "tasks.stsb.type": "ranking"}),
-    Case("truncated model weights", "finetune", "model.safetensors: does not match config.json or is corrupt"),
+    Case("truncated model weights", "finetune", "model.safetensors: not a readable safetensors file"),
     Case("token files of another tokenizer", "pretrain", "train.json: encoded with another tokenizer than "
          "data/tokens/tokenizer/tokenizer.json; encode the corpora again (dvc repro tokenizer)"),
     Case("the metrics of an earlier stage missing", "evaluate", "missing.json: cannot read it"),

@@ -1,5 +1,5 @@
 """Atomic outputs: all or nothing, with ordinary permissions, no leftovers; outputs checked writable first;
-deterministic JSON-lines files."""
+deterministic JSON-lines files; weight files that store a tied tensor once."""
 import gzip
 import json
 import os
@@ -9,9 +9,12 @@ import sys
 import time
 
 import pytest
+import torch
+from safetensors import safe_open
 
 from lib.core.errors import UserError
-from lib.core.io import JsonlGzWriter, atomic_dir, atomic_file, check_writable, write_json
+from lib.core.io import (JsonlGzWriter, atomic_dir, atomic_file, check_writable, read_safetensors, write_json,
+                         write_safetensors)
 from tests.helpers import read_only_folder
 
 
@@ -42,13 +45,39 @@ def test_outputs_get_umask_permissions(tmp_path):
     old = os.umask(0o022)
     try:
         write_json(tmp_path / "m.json", {})
+        write_safetensors(tmp_path / "w.safetensors", {"x": torch.zeros(1)})
         with atomic_dir(tmp_path / "d") as tmp:
             (tmp / "w.safetensors").touch(mode=0o600)  # as safetensors writes its files
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "d" / "w.safetensors").stat().st_mode) == 0o644
+
+
+def test_a_tied_tensor_is_stored_once_and_read_back_under_each_name(tmp_path):
+    embeddings = torch.randn(4, 3)
+    tensors = {"head.weight": embeddings, "embeddings.weight": embeddings, "bias": torch.arange(3.0),
+               "empty.a": torch.zeros(0), "empty.b": torch.zeros(0)}
+    write_safetensors(tmp_path / "w.safetensors", tensors, {"format": "pt"})
+    with safe_open(tmp_path / "w.safetensors", "pt") as f:  # as safetensors.torch.save_model stores it
+        assert sorted(f.keys()) == ["bias", "embeddings.weight", "empty.a", "empty.b"]
+        assert f.metadata() == {"format": "pt", "head.weight": "embeddings.weight"}
+    back = read_safetensors(tmp_path / "w.safetensors")
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
+    assert back["head.weight"] is back["embeddings.weight"]
+
+
+def test_a_missing_or_truncated_weight_file_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "w.safetensors"
+    with pytest.raises(UserError, match=f"^{path}: not found"):
+        read_safetensors(path)
+    write_safetensors(path, {"x": torch.zeros(8)})
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(UserError, match=f"^{path}: not a readable safetensors file \\(SafetensorError") as info:
+        read_safetensors(path)
+    assert "\n" not in str(info.value)
 
 
 def test_jsonl_gz_writer_gives_the_same_bytes_for_the_same_rows(tmp_path):

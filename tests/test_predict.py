@@ -112,7 +112,7 @@ def test_a_truncated_head_is_one_line_naming_the_file(folders, tmp_path, load):
     head.write_bytes(head.read_bytes()[:100])
     with pytest.raises(UserError) as err:
         load(broken)
-    assert str(err.value).startswith(f"{head}: does not match classifier.json or is corrupt (SafetensorError")
+    assert str(err.value).startswith(f"{head}: not a readable safetensors file (SafetensorError")
     assert "\n" not in str(err.value)
 
 

@@ -15,9 +15,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from lib.core.errors import DENIED, UserError
+import safetensors
+import safetensors.torch
+import torch
+
+from lib.core.errors import DENIED, UserError, describe
 
 T = TypeVar("T")
 
@@ -94,22 +98,30 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[Any]:
-    """Open a temporary sibling of `path` for writing; on success rename it to `path`."""
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield the name of an empty temporary sibling of `path`, for a writer that takes a file name; on
+    success it is renamed to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_leftovers(path)
     fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it owner-only; outputs get the usual permissions
     try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
+        yield Path(tmp)
+        # mkstemp makes it owner-only, and so do some writers (safetensors); outputs get the usual permissions
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[Any]:
+    """Open a temporary sibling of `path` for writing; on success rename it to `path`."""
+    with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as f:
+        yield f
 
 
 def check_writable(*paths: str | Path) -> None:
@@ -154,6 +166,43 @@ def write_csv(path: str | Path, header: Sequence[str], rows: Iterable[Sequence[A
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
+
+
+def write_safetensors(path: str | Path, tensors: Mapping[str, torch.Tensor],
+                      metadata: dict[str, str] | None = None) -> None:
+    """`tensors` (on any device) as the safetensors file `path`, written atomically: the one writer of
+    weight files. Names of one tensor (tied weights) store it once, under the first of them in sorted
+    order, and the metadata maps each other name to it: what safetensors.torch.save_model wrote, byte
+    for byte. read_safetensors gives every name back."""
+    stored, metadata = {}, dict(metadata or {})
+    first: dict[tuple, str] = {}  # where a tensor's values lie -> the name it is stored under
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        place = (tensor.device, tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride())
+        if tensor.numel() and place in first:  # (an empty tensor has no memory to share)
+            metadata.setdefault(name, first[place])
+        else:
+            first[place] = name
+            stored[name] = tensor.contiguous().cpu()
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_file(stored, str(tmp), metadata or None)
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file `path`, in CPU memory, under every name write_safetensors was
+    given (a tied tensor under each of its names); a missing, truncated or corrupt file ends in one
+    line naming it."""
+    try:
+        with safetensors.safe_open(str(path), "pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            metadata = f.metadata() or {}
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found; point at a folder the pipeline wrote whole") from None
+    except (safetensors.SafetensorError, OSError) as err:
+        raise UserError(f"{path}: not a readable safetensors file ({describe(err)}); "
+                        "write or download it again") from None
+    tied = {name: tensors[kept] for name, kept in metadata.items() if kept in tensors and name not in tensors}
+    return {**tensors, **tied}
 
 
 def batched(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import safetensors.torch
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, processors
 from torch import nn
 
 from lib.core.errors import UserError
-from lib.core.io import atomic_dir
+from lib.core.io import atomic_dir, write_safetensors
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.hf import export_family, load_exported, read_weights
@@ -271,7 +270,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     with atomic_dir(out_dir) as tmp:
         if family is None:
             save_model(model.backbone, tmp, special)
-            safetensors.torch.save_model(model.head, str(tmp / HEAD_FILE))
+            write_safetensors(tmp / HEAD_FILE, model.head.state_dict())
         else:
             save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}

@@ -12,39 +12,37 @@ import dataclasses
 import json
 from pathlib import Path
 
-import safetensors.torch
 import torch
 import torch.nn as nn
-from safetensors import SafetensorError
 
 from lib.core.errors import UserError, one_line
-from lib.core.io import atomic_dir
+from lib.core.io import atomic_dir, read_safetensors, write_safetensors
 from lib.models import hf
-from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_checkpoint, export_family
+from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout
 from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
 from lib.models.transformer import Transformer, TransformerConfig
 
 
 def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
                task_head: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
-    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: a transformers
-    checkpoint where a transformers architecture computes exactly what this model does (lib.models.hf, which
-    needs the tokenizer's `special_ids` for pad/bos/eos), else this module's own layout. `task_head`:
-    (tensors, config.json keys) a task model adds to the transformers checkpoint, so the file is
-    written once (lib.models.classifier)."""
+    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: in the layout of
+    the transformers architecture that computes exactly what this model does, where there is one
+    (lib.models.hf, which needs the tokenizer's `special_ids` for pad/bos/eos), else in this module's
+    own layout. `task_head`: (tensors, config.json keys) a task model adds to that transformers layout,
+    so the file is written once (lib.models.classifier)."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
     family, _ = export_family(model.cfg)
     if task_head is not None and family is None:
-        raise ValueError("a task head's tensors go into a transformers checkpoint; this model has none")
+        raise ValueError("a task head's tensors go into a transformers layout; this model has none")
     with atomic_dir(out_dir) as tmp:
         if family is None:
-            safetensors.torch.save_model(model, str(tmp / MODEL_FILE))  # stores a tied tensor once
+            write_safetensors(tmp / MODEL_FILE, model.state_dict())
             config = dataclasses.asdict(model.cfg)
         else:
-            config, tensors = export_checkpoint(model, family, special_ids or {})
+            config, tensors = export_layout(model, family, special_ids or {})
             head_tensors, head_config = task_head or ({}, {})
             config.update(head_config)
-            safetensors.torch.save_file({**tensors, **head_tensors}, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+            write_safetensors(tmp / MODEL_FILE, {**tensors, **head_tensors}, metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -90,9 +88,8 @@ def read_config_json(model_dir: Path) -> dict:
 def load_weights(module: nn.Module, weights_path: Path, config_path: Path) -> None:
     """Load the safetensors file `weights_path` into `module` (built from `config_path`) strictly; a
     missing, truncated or corrupt file, or tensors that do not fit the module, end in one line."""
+    tensors = read_safetensors(weights_path)
     try:
-        safetensors.torch.load_model(module, weights_path, strict=True)
-    except FileNotFoundError:
-        raise UserError(f"{weights_path}: not found; point at a folder the pipeline wrote whole") from None
-    except (SafetensorError, RuntimeError, OSError) as err:  # corrupt file; missing/unexpected/mis-sized tensors
-        raise UserError(f"{weights_path}: does not match {config_path.name} or is corrupt ({one_line(err)})") from None
+        module.load_state_dict(tensors)
+    except RuntimeError as err:  # missing, unexpected or mis-sized tensors
+        raise UserError(f"{weights_path}: does not match {config_path.name} ({one_line(err)})") from None

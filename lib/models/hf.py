@@ -31,14 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import safetensors.torch
 import torch
-from safetensors import SafetensorError
 from tokenizers import Tokenizer
 
 from lib.config.params import HUB_PREFIX, Params
 from lib.core.errors import UserError, describe
-from lib.core.io import atomic_dir, project_root
+from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
 from lib.models.transformer import Transformer, TransformerConfig
 
@@ -49,7 +47,7 @@ HUB_FILES = [CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE, "tokeni
              "special_tokens_map.json"]
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 ELECTRA_DISCRIMINATOR_HEAD = "discriminator_predictions."  # ElectraForPreTraining's head: dense, act, dense_prediction
-EXPORT_KEY = "transfer_pipeline"  # our config inside a transformers config.json (export_checkpoint)
+EXPORT_KEY = "transfer_pipeline"  # our config inside a transformers config.json (export_layout)
 REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
@@ -218,11 +216,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors: model.safetensors, else pytorch_model.bin as a plain state dict."""
     folder = Path(folder)
     if (folder / SAFETENSORS_FILE).is_file():
-        try:
-            return safetensors.torch.load_file(str(folder / SAFETENSORS_FILE))
-        except (SafetensorError, OSError) as err:
-            raise UserError(f"{folder / SAFETENSORS_FILE}: does not match config.json or is corrupt ({describe(err)}); "
-                            "write or download it again") from None
+        return read_safetensors(folder / SAFETENSORS_FILE)
     if (folder / PICKLE_FILE).is_file():
         try:
             state = torch.load(folder / PICKLE_FILE, map_location="cpu", weights_only=True)
@@ -260,7 +254,7 @@ def load_tensors(model: Transformer, family: str, theirs: dict[str, torch.Tensor
             continue
         tensors = [theirs[k].t() if conv1d_weight(spec, target, theirs[k]) else theirs[k] for k in keys]
         tensor = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
-        if target == "embeddings.position.weight":  # rows an export put before the table (see export_tensors)
+        if target == "embeddings.position.weight":  # rows an export put before the table (see export_layout)
             tensor = tensor[len(tensor) - cfg.max_positions:]
         loaded[target] = fit_rows(tensor, ours[target], target, folder)
         used.update(keys)
@@ -302,9 +296,9 @@ def conv1d_weight(spec: Family, target: str, tensor: torch.Tensor) -> bool:
     return spec.conv1d and target.startswith("blocks.") and target.endswith(".weight") and tensor.dim() == 2
 
 
-# Export: a model folder the pipeline writes is also a transformers checkpoint where one architecture
-# computes exactly what ours does. Its config.json keeps our config under EXPORT_KEY, so that
-# lib.models.transformer reads the folder back to the identical Transformer.
+# Export: a model folder the pipeline writes is in a transformers architecture's layout where one
+# computes exactly what ours does, so transformers loads it too. Its config.json keeps our config under
+# EXPORT_KEY, so that lib.models.transformer reads the folder back to the identical Transformer.
 
 
 def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
@@ -327,8 +321,8 @@ def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
     return None, "this mix of LayerNorm placement, embedding LayerNorm and LM head"
 
 
-def export_checkpoint(model: Transformer, family: str, special_ids: dict[str, int]) -> tuple[dict, dict]:
-    """(config.json, tensors) of `model` as a `family` checkpoint. Positions: RoBERTa-style families
+def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) -> tuple[dict, dict]:
+    """(config.json, tensors) of `model` in `family`'s layout. Positions: RoBERTa-style families
     number real tokens from padding_idx + 1, so a model whose table starts at 0 gets that many zero
     rows in front; token types: a model with none gets one zero row where the family needs them."""
     cfg, spec = model.cfg, FAMILIES[family]
@@ -400,7 +394,7 @@ CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": 
 
 def load_exported(folder: Path, cfg: TransformerConfig,
                   tensors: dict[str, torch.Tensor] | None = None) -> Transformer:
-    """A folder save_model wrote as a transformers checkpoint, back into the identical Transformer;
+    """A folder save_model wrote in a transformers layout, back into the identical Transformer;
     `tensors`: its read_weights, where the caller has them already (a task head's are among them)."""
     family, _ = export_family(cfg)
     return load_tensors(Transformer(cfg), family, read_weights(folder) if tensors is None else tensors, folder).model
@@ -473,8 +467,9 @@ def describe_import(imported: ImportedModel, spec: str) -> str:
     return line
 
 
-def checkpoint_folder(params: Params) -> Path:
-    """The local folder of params.init (downloaded or taken from the mirror when it is a hub id)."""
+def init_folder(params: Params) -> Path:
+    """The local folder of the published checkpoint params.init names (downloaded, or taken from the mirror,
+    when it is a hub id)."""
     return resolve(params.init, project_root(), params.data.models_mirror)
 
 

@@ -20,12 +20,12 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
 from lib.config.params import Params, ParamsError, check_choice
 from lib.core.errors import UserError
+from lib.core.io import read_safetensors, write_safetensors
 from lib.models.folder import load_model, save_model
 from lib.models.transformer import TransformerConfig
 from lib.objectives.base import OBJECTIVES, Objective, fitting_objective, register  # noqa: F401 (the interface)
@@ -72,7 +72,7 @@ def save_objective(objective: Objective, out_dir: Path) -> None:
     save_model(objective.backbone(), out_dir, objective.special_ids)
     extras = objective_extras(objective)
     if extras:
-        safetensors.torch.save_file({k: v.contiguous().cpu() for k, v in extras.items()}, str(out_dir / EXTRAS_FILE))
+        write_safetensors(out_dir / EXTRAS_FILE, extras)
 
 
 def load_objective(objective: Objective, model_dir: Path) -> bool:
@@ -88,7 +88,7 @@ def load_objective(objective: Objective, model_dir: Path) -> bool:
     expected = objective_extras(objective)
     if not expected or not path.is_file():
         return False
-    tensors = safetensors.torch.load_file(str(path))
+    tensors = read_safetensors(path)
     if set(tensors) != set(expected) or any(tensors[k].shape != expected[k].shape for k in tensors):
         raise UserError(f"{path}: does not match objective '{objective.name}' with these params; "
                         "rerun the stage that wrote it")

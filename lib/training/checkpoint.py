@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from lib.config.params import flatten
 from lib.core.errors import describe
-from lib.core.io import atomic_dir, file_sha256, write_json
+from lib.core.io import atomic_dir, file_sha256, read_safetensors, write_json, write_safetensors
 from lib.training.distributed import Context, full_state, gather, load_full_state
 
 WEIGHTS, TRAIN_STATE, STATE, MANIFEST = "module.safetensors", "train_state.pt", "state.json", "manifest.json"
@@ -60,7 +59,7 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
     number = int(existing[-1].name[len(PREFIX):]) + 1 if existing else 1
     path = directory / f"{PREFIX}{number:06d}"
     with atomic_dir(path) as tmp:
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / WEIGHTS))
+        write_safetensors(tmp / WEIGHTS, weights)
         torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                     "rng": rng if rng is not None else [rng_state()]}, tmp / TRAIN_STATE)
         write_json(tmp / STATE, state)
@@ -112,7 +111,7 @@ def load_checkpoint(directory: Path, module: torch.nn.Module, optimizer: torch.o
                 return None
             saved = torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
             rng = saved["rng"][rank]
-            load_full_state(module, optimizer, load_file(str(path / WEIGHTS)), saved["optimizer"])
+            load_full_state(module, optimizer, read_safetensors(path / WEIGHTS), saved["optimizer"])
         except Exception as err:  # a foreign file with a valid manifest: the run can still start over
             print(f"checkpoint {path} cannot be read ({describe(err)}): starting fresh", file=sys.stderr)
             return None

@@ -12,12 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import safetensors.torch
 import torch
 from torch import nn
 
 from lib.config.params import OptimizerConfig
-from lib.core.io import atomic_file
+from lib.core.io import read_safetensors, write_safetensors
 from lib.training import distributed
 from lib.training.checkpoint import load_checkpoint, save_run
 from lib.training.distributed import Context
@@ -88,8 +87,7 @@ class EpochLoop:
                 state.best_score, state.best_epoch, state.bad_epochs = dev[self.metric], epoch, 0
                 best, _ = distributed.full_state(self.kept, None, self.context)
                 if self.context.main:
-                    with atomic_file(self.best_path, "wb") as f:
-                        f.write(safetensors.torch.save(best))
+                    write_safetensors(self.best_path, best)
             else:
                 state.bad_epochs += 1
             state.epoch = epoch
@@ -97,5 +95,5 @@ class EpochLoop:
             save_run(self.checkpoints, self.trained, self.optimizer, self.scheduler, asdict(state), self.context)
             distributed.barrier(self.context)  # the best weights are on disk before any rank reads them
             on_epoch(row)
-        distributed.load_full_state(self.kept, None, safetensors.torch.load_file(str(self.best_path)))
+        distributed.load_full_state(self.kept, None, read_safetensors(self.best_path))
         return state

@@ -23,7 +23,7 @@ from lib.core.progress import Progress
 from lib.data.packed import PackedTokens
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.data.windows import WindowBatches, fixed_windows
-from lib.models.hf import ImportedModel, checkpoint_folder, describe_import, import_model
+from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
 from lib.models.transformer import Transformer
 from lib.objectives import Objective, build_objective, fitting_objective, save_objective
 from lib.training import distributed
@@ -111,7 +111,7 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
     made_for = read_meta(tokenizer_dir).get("init")
     if made_for != params.init:
         raise UserError(f"{tokenizer_dir}: made for init {made_for}, not {params.init}; rerun the tokenizer stage")
-    imported = import_model(checkpoint_folder(params))
+    imported = import_model(init_folder(params))
     print(describe_import(imported, params.init), flush=True)
     name = fitting_objective(params.objective, imported.model.cfg)
     if name != params.objective:
