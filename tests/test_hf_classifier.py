@@ -1,4 +1,4 @@
-"""Classifier folders as transformers checkpoints: where the backbone and head have an equivalent,
+"""Classifier folders in transformers' layout: where the backbone and head have an equivalent,
 AutoModelForSequenceClassification and pipeline("text-classification") give TextClassifier's
 probabilities, single texts and pairs; the rest is saved in lib's layout with the reason; both load
 back into lib."""

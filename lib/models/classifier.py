@@ -14,7 +14,7 @@ Saved as a folder: the backbone as lib.models.transformer writes it (model.safet
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
 (`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
-folder is also its checkpoint for the task's type (the type's `exports`: *ForSequenceClassification,
+folder is also in transformers' layout for the task's type (the type's `exports`: *ForSequenceClassification,
 also for regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
 in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
 "transformers" says why.
@@ -191,7 +191,7 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
 
 
 def head_tensor_names(model: Classifier, family: str, kind: TaskType) -> dict[str, str]:
-    """Our head's tensor names -> theirs in `family`'s checkpoint for task type `kind`."""
+    """Our head's tensor names -> theirs in `family`'s model for task type `kind`."""
     _, dense, out = kind.exports[family]
     layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
     names = {}
@@ -201,9 +201,9 @@ def head_tensor_names(model: Classifier, family: str, kind: TaskType) -> dict[st
     return names
 
 
-def head_checkpoint(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
+def head_export(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
-    `family` checkpoint the one for the task's type (meta["type"]): the class, the labels, the output
+    `family` folder the model for the task's type (meta["type"]): the class, the labels, the output
     layer as that class reads it (TaskType.export_output)."""
     kind = saved_type(meta)
     head = model.head.state_dict()
@@ -259,7 +259,7 @@ def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, sp
 def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
     """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
     tokenizer files, written whole or not at all. Where transformers has the same backbone and head
-    (classifier_family), the folder is its sequence-classification checkpoint: the head's tensors sit
+    (classifier_family), the folder is its sequence-classification model: the head's tensors sit
     in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
     pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
@@ -272,7 +272,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
             save_model(model.backbone, tmp, special)
             write_safetensors(tmp / HEAD_FILE, model.head.state_dict())
         else:
-            save_model(model.backbone, tmp, special, head_checkpoint(model, family, meta))
+            save_model(model.backbone, tmp, special, head_export(model, family, meta))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
