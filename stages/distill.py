@@ -16,7 +16,6 @@ import dataclasses
 import json
 import shutil
 
-from lib.config.params import ParamsError
 from lib.core import runtime
 from lib.core.errors import UserError, run_main
 from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
@@ -25,8 +24,8 @@ from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier, saved_type
 from lib.models.folder import MODEL_FILE
-from lib.tasks import TYPES, check_tasks
-from lib.tasks.classification import encode_rows, encode_task, example_hash, read_task, read_unlabeled
+from lib.tasks import check_tasks, task_metrics, task_type
+from lib.tasks.base import text_hash
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.distill import DistillResult, distill_task
@@ -68,7 +67,7 @@ def main() -> None:
                 result = distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, task_dir, run_id, run,
                                       context)
             results[name] = result
-            metrics[name] = summarise(result, task_cfg.metrics, info)
+            metrics[name] = summarise(result, task_metrics(task_cfg), info)
         distributed.barrier(context)  # every rank is past reading the kept results
         if context.main:
             write_outputs(metrics, results, args, run)
@@ -82,24 +81,21 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
     tokenizer = load_tokenizer(teacher_dir)
     special = saved_special_ids(teacher_dir)
     taught_as = saved_type(info).name
-    if taught_as != task_cfg.type:
-        raise UserError(f"tasks.{name}.type: {task_cfg.type}, but the teacher in {teacher_dir} was finetuned as "
+    kind = task_type(task_cfg)
+    if taught_as != kind.name:
+        raise UserError(f"tasks.{name}.type: {kind.name}, but the teacher in {teacher_dir} was finetuned as "
                         f"{taught_as}; run the finetune stage again")
+    task = kind.load(name, task_cfg, tokenizer, special, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
+                     max_train=ft.train_limit(name), max_eval=ft.eval_limit(name), causal=teacher.backbone.cfg.causal)
+    # the teacher's outputs are in its units (regression's target scale): the student learns in those
+    task = dataclasses.replace(task, info={**task.info, **info.get("info", {})})
     unlabeled, skipped = [], {}
-    if TYPES[task_cfg.type].unlabeled_transfer:  # its rows are hashed to keep the unlabeled texts apart from dev and eval
-        rows = read_task(name, task_cfg, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
-                         max_train=ft.train_limit(name), max_eval=ft.eval_limit(name))
-        task = encode_task(rows, task_cfg, tokenizer, special)
-        if name in cfg.unlabeled:
-            held_out = {example_hash(row) for row in rows.dev + (rows.eval or [])}
-            texts, skipped = read_unlabeled(name, task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out)
-            unlabeled = encode_rows(texts, task_cfg, tokenizer, special)[0]
-    else:
-        task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=ft.dev_fraction,
-                                         dev_max=ft.dev_max, max_train=ft.train_limit(name),
-                                         max_eval=ft.eval_limit(name), causal=teacher.backbone.cfg.causal)
-        # the teacher's outputs are in its units (regression's target scale): the student learns in those
-        task = dataclasses.replace(task, info={**task.info, **info.get("info", {})})
+    if name in cfg.unlabeled:  # texts the teacher labels, none of them a dev or evaluation text
+        held_out = {text_hash(kind.hash_text(item)) for item in task.references["dev"] + task.references["eval"]}
+        texts, skipped = kind.read_unlabeled(task_cfg, cfg.unlabeled[name], cfg.max_unlabeled, held_out,
+                                             f"tasks.{name}")
+        unlabeled, _ = kind.encode(texts, task_cfg, tokenizer, special, task.label_names, task.info, f"tasks.{name}",
+                                   teacher.backbone.cfg.causal)
     distributed.say(context, f"{name}: teacher {info['variant']} (seed {info['seed']}), {task.size('train')} labeled + "
         f"{len(unlabeled)} unlabeled transfer examples (skipped {skipped}), {task.size('dev')} dev")
     child = run.child(f"{name}/student", {"task": name, "teacher_variant": info["variant"]},
@@ -111,7 +107,7 @@ def distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, tas
         child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
 
     try:
-        result, student = distill_task(teacher, task, unlabeled, task_cfg.metrics, cfg, params.impl, device,
+        result, student = distill_task(teacher, task, unlabeled, task_metrics(task_cfg), cfg, params.impl, device,
                                        params.seed, special["pad"], task_dir, run_id, on_epoch, context)
     except BaseException:
         child.finish("FAILED")

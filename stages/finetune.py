@@ -23,7 +23,7 @@ from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier, save_classifier
 from lib.models.folder import MODEL_FILE, load_model
-from lib.tasks import TYPES, check_tasks
+from lib.tasks import check_tasks, task_metrics, task_type
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name, run_variant
@@ -65,7 +65,7 @@ def main() -> None:
     with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
-            task = TYPES[task_cfg.type].load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
+            task = task_type(task_cfg).load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
                                              dev_max=cfg.dev_max, max_train=cfg.train_limit(name),
                                              max_eval=cfg.eval_limit(name), causal=adapted.cfg.causal)
             distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
@@ -76,7 +76,7 @@ def main() -> None:
                 for seed in seeds:
                     distributed.say(context, f"finetune: {run_name(name, variant, seed)} "
                                              f"(run {runs.done + 1} of {len(kinds)})")
-                    results.append(finetune_once(name, variant, seed, task, task_cfg.metrics, adapted, params, device,
+                    results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), adapted, params, device,
                                                  special["pad"], args, run_id, run, context))
                     times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
                     runs.update(runs.done + 1)
@@ -84,7 +84,7 @@ def main() -> None:
                     floor = f"at least {duration(known)}; " if known else ""
                     distributed.say(context, runs.line(f"  ({floor}{untimed} of the runs left of a task × variant "
                                                        "not timed yet)" if untimed else ""))
-            metrics[name] = summarise(task, task_cfg.metrics, results)
+            metrics[name] = summarise(task, task_metrics(task_cfg), results)
             curves[name] = results
         distributed.barrier(context)  # every rank is past reading the kept runs
         if context.main:

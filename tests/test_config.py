@@ -3,7 +3,7 @@ import pytest
 
 from lib.config.params import ParamsError, flatten, load_params
 from lib.objectives import check_objective
-from lib.tasks import check_tasks
+from lib.tasks import check_tasks, task_metrics
 from tests.helpers import write_params
 
 CHECKS = [check_tasks, check_objective]  # every registry check, as the stages together run them
@@ -26,7 +26,7 @@ def test_default_params_load(chdir_root):
     assert params.objective in ("clm", "mlm", "electra")
     assert params.corpora.pretrain.valid_split == "validation"
     assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte", "conll2003", "squad", "squad_v2", "stsb", "codah"}
-    assert {name: task.type for name, task in params.tasks.items() if task.type != "classification"} == {
+    assert {name: task.type for name, task in params.tasks.items() if task.type is not None} == {
         "conll2003": "tagging", "squad": "span_qa", "squad_v2": "span_qa", "stsb": "regression",
         "codah": "multiple_choice"}
     assert params.tasks["mrpc"].text_pair_field == "text_b"
@@ -195,7 +195,7 @@ def test_task_fields(chdir_root, tmp_path, default_params):
     assert "tasks.mrpc.text_pair_field: a span_qa task needs the field of its context" in error_of(
         tmp_path, default_params)
     default_params["tasks"]["mrpc"].update(type="tagging", metrics=None)
-    assert load(tmp_path, default_params).tasks["mrpc"].metrics == ["f1"]  # the type's default
+    assert task_metrics(load(tmp_path, default_params).tasks["mrpc"]) == ["f1"]  # the type's default
     default_params["finetune"]["tasks"] = ["mrpc"]
     default_params["finetune"]["aux_lm_weight"] = 0.5
     assert "finetune.aux_lm_weight: the auxiliary LM loss is not for tagging tasks, and finetune.tasks has mrpc" \

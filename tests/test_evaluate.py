@@ -1,15 +1,19 @@
 """The evaluate stage's per-task decisions, on a tiny task without running the stage."""
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+import lib.evaluation.evaluate
 import stages.evaluate
 from lib.config.params import EvaluateConfig, FinetuneConfig, Params, TaskConfig, ZeroShotConfig
 from lib.core import tracking
-from lib.tasks import TYPES, check_task
-from tests.helpers import write_jsonl_gz
+from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.evaluation.evaluate import evaluate_task
+from lib.tasks import TYPES, task_metrics
+from tests.helpers import tiny_tokenizer, write_jsonl_gz
 
 WORDS = ["great", "awful", "odd"]
 
@@ -20,9 +24,7 @@ def three_class_task(tmp_path) -> TaskConfig:
     for split, n in (("train", 60), ("validation", 12)):
         write_jsonl_gz(tmp_path / "toy" / f"{split}.jsonl.gz",
                        [{"text": f"a {WORDS[i % 3]} film number {i}", "label": i % 3} for i in range(n)])
-    cfg = TaskConfig(source=str(tmp_path / "toy"))
-    check_task(cfg, "tasks.toy")
-    return cfg
+    return TaskConfig(source=str(tmp_path / "toy"))
 
 
 def evaluate_with_label_words(task: TaskConfig, label_words: list[str], monkeypatch) -> dict:
@@ -30,9 +32,11 @@ def evaluate_with_label_words(task: TaskConfig, label_words: list[str], monkeypa
     prompt = ZeroShotConfig(template="{text} It was", label_words=label_words)
     params = Params(corpora=None, tasks={"toy": task}, finetune=FinetuneConfig(tasks=["toy"]),
                     evaluate=EvaluateConfig(tfidf_c=[1.0], zero_shot={"toy": prompt}))
-    monkeypatch.setattr(stages.evaluate, "zero_shot", lambda lm, tokenizer, special, rows, **_: [0] * len(rows))
+    monkeypatch.setattr(lib.evaluation.evaluate, "zero_shot", lambda lm, tokenizer, special, rows, **_: [0] * len(rows))
     causal_lm = SimpleNamespace(cfg=SimpleNamespace(causal=True))
-    return stages.evaluate.evaluate_task("toy", task, {}, None, None, causal_lm, None, None, params)
+    tokenizer_dir = tiny_tokenizer(Path(task.source).parent / "tok")
+    return evaluate_task("toy", task, {}, None, None, causal_lm, load_tokenizer(tokenizer_dir),
+                         saved_special_ids(tokenizer_dir), params)
 
 
 def test_zero_shot_with_fewer_label_words_than_classes_is_skipped_and_noted(three_class_task, monkeypatch, capsys):
@@ -99,7 +103,7 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
     student's split and timed, with the bytes of its ONNX file."""
     import torch
 
-    from tests.helpers import save_tiny_classifier, tiny_tokenizer
+    from tests.helpers import save_tiny_classifier
 
     tiny_tokenizer(tmp_path / "tok")
     models = {role: save_tiny_classifier(tmp_path / role, tmp_path / "tok") for role in ("teacher", "student")}
@@ -107,7 +111,9 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
     (models["teacher"] / "classifier.json").write_text(json.dumps({**info, "variant": "plain", "seed": 1}))
     params = Params(corpora=None, tasks={"toy": three_class_task}, device="cpu", finetune=FinetuneConfig(tasks=["toy"]),
                     evaluate=EvaluateConfig(tfidf_c=[1.0], latency_seq_len=12, latency_repeats=3, throughput_batch=2))
-    result = stages.evaluate.evaluate_task("toy", three_class_task, models, None, None, None, None, None, params)
+    lm = SimpleNamespace(cfg=SimpleNamespace(causal=False))
+    result = evaluate_task("toy", three_class_task, models, None, None, lm, load_tokenizer(tmp_path / "tok"),
+                           saved_special_ids(tmp_path / "tok"), params)
 
     scores = result["splits"]["validation"]["scores"]
     assert set(scores["student_int8"]) == set(scores["student"]) == {"accuracy"}
@@ -158,15 +164,12 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     from lib.models.classifier import Classifier, save_classifier
     from lib.training.finetune import setup
     from lib.models.transformer import Transformer, TransformerConfig
-    from lib.data.tokenizer import load_tokenizer, saved_special_ids
-    from tests.helpers import tiny_tokenizer
 
     folder = tmp_path / task_type
     for split, rows in (("train", range(40)), ("validation", range(40, 52))):
         write_jsonl_gz(folder / f"{split}.jsonl.gz", [typed_rows(task_type, i) for i in rows])
     task_cfg = TaskConfig(source=str(folder), type=task_type, max_len=32, **TYPED_FIELDS[task_type])
     task_cfg.validate("tasks.toy")
-    check_task(task_cfg, "tasks.toy")
     params = Params(corpora=None, tasks={"toy": task_cfg}, device="cpu",
                     finetune=FinetuneConfig(tasks=["toy"], dev_fraction=0.25, max_train_examples=20, batch_size=8),
                     evaluate=EvaluateConfig(tfidf_c=[1.0], latency_seq_len=12, latency_repeats=3, throughput_batch=2))
@@ -199,25 +202,23 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     """Teacher, student, the finetune variants' means and the type's baseline (on finetune's 20 train
     examples and on all of train) on the labeled split, in each type's metric names; the unlabeled split
     and what is classification-only are said, not skipped; figures' data and the report follow."""
-    from lib.data.tokenizer import load_tokenizer, saved_special_ids
-
     task_cfg, params, models = typed_task(task_type, tmp_path)
     write_jsonl_gz(tmp_path / task_type / "test.jsonl.gz", [{"text": "no labels"}])
     task_cfg.eval_splits = ["validation", "test"]
     finetuned = {"variants": {"plain": {"eval": {m: s for m, s in FINETUNED["variants"]["plain"]["eval"].items()
-                                                 if m in task_cfg.metrics}}}}
-    result = stages.evaluate.evaluate_typed_task("toy", task_cfg, models, finetuned, {"toy": {}},
-                                                 load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"]),
-                                                 params)
+                                                 if m in task_metrics(task_cfg)}}}}
+    lm = SimpleNamespace(cfg=SimpleNamespace(causal=False))
+    result = evaluate_task("toy", task_cfg, models, finetuned, {"toy": {}}, lm, load_tokenizer(models["teacher"]),
+                           saved_special_ids(models["teacher"]), params)
     assert list(result["splits"]) == ["validation"] and result["type"] == task_type
     split = result["splits"]["validation"]
     baseline = TYPES[task_type].baseline
     assert list(split["scores"]) == ["teacher", "student", "plain", baseline, f"{baseline}_full_train"]
     assert split["train_examples"] == 20 < split["full_train_examples"] and split["examples"] == 12
     for model in ("teacher", "student", baseline):
-        assert set(split["scores"][model]) == set(task_cfg.metrics) <= set(TYPES[task_type].metrics)
-    assert split["scores"]["plain"][task_cfg.metrics[0]] == finetuned["variants"]["plain"]["eval"][task_cfg.metrics[0]]["mean"]
-    assert "test has no labels" in result["note"] and "classification-only" in result["note"]
+        assert set(split["scores"][model]) == set(task_metrics(task_cfg)) <= set(TYPES[task_type].metrics)
+    assert split["scores"]["plain"][task_metrics(task_cfg)[0]] == finetuned["variants"]["plain"]["eval"][task_metrics(task_cfg)[0]]["mean"]
+    assert "test has no labels" in result["note"] and "for classification tasks so far" in result["note"]
     assert set(result["efficiency"]) == {"teacher", "student"} and result["speedup"] > 0
     cpu = result["efficiency"]["student"]["cpu"]
     assert cpu["seq_len"] == 12 and 0 < cpu["p50_ms"] <= cpu["p95_ms"]
@@ -239,7 +240,7 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     args = SimpleNamespace(metrics=tmp_path / "evaluate.json", plots=tmp_path / "plots", report=tmp_path / "reports")
     stages.evaluate.write_outputs({"toy": result}, [], {}, args, tracking.StageRun())
     written = json.loads(args.metrics.read_text())["toy"]
-    assert written["splits"]["validation"]["scores"]["teacher"].keys() == set(task_cfg.metrics)
+    assert written["splits"]["validation"]["scores"]["teacher"].keys() == set(task_metrics(task_cfg))
     assert "scatter" not in written
     plots = {str(p.relative_to(args.plots)) for p in args.plots.rglob("*.csv")}
     confusion = {f"confusion/toy_{m}.csv" for m in ("teacher", "student", baseline)}  # words' tags, ending picked
@@ -249,14 +250,13 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     assert plots == {"scores.csv", "speed.csv", *extra.get(task_type, ())}
     assert (args.plots / "confusion").is_dir()  # declared in dvc.yaml: there even when empty
     summary = (args.report / "summary.md").read_text(encoding="utf-8")
-    assert "classification-only" in summary and "## toy" in summary
+    assert "for classification tasks so far" in summary and "## toy" in summary
 
 
 def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path):
     """train_items selects as the type's load does: the same number of train items, none of dev's, and
     all of train but dev when finetuning takes all of it."""
     from lib.evaluation.evaluate import train_items
-    from lib.data.tokenizer import load_tokenizer, saved_special_ids
 
     task_cfg, _, models = typed_task("tagging", tmp_path)
     tokenizer, special = load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"])
@@ -270,7 +270,7 @@ def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path
 def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
     for folder in ("finetune/imdb", "distill/imdb", "finetune/stsb", "distill/stsb"):
         (tmp_path / folder).mkdir(parents=True)
-    results = {"imdb": {"metric": "accuracy"}, "stsb": {"type": "regression", "note": "... classification-only ..."}}
+    results = {"imdb": {"type": "classification"}, "stsb": {"type": "regression"}}
     assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
         (tmp_path / "finetune/imdb", "imdb-teacher"), (tmp_path / "distill/imdb", "imdb-student")]
 

@@ -419,7 +419,7 @@ def test_the_evaluation_text_spec_of_classification_tasks_reads_as_before_task_t
     """The default params' classification tasks' eval_texts.json, byte for byte as the data stage wrote it
     before tasks had a type (its SHA-256 then), so their entries do not change for existing projects."""
     params = load_params(ROOT / "params.yaml", [check_tasks])
-    params.tasks = {name: task for name, task in params.tasks.items() if task.type == "classification"}
+    params.tasks = {name: task for name, task in params.tasks.items() if task.type is None}  # classification
     write_eval_text_spec(params, field_kinds(params.tasks), tmp_path)
     written = (tmp_path / EVAL_TEXTS_FILE).read_bytes()
     assert hashlib.sha256(written).hexdigest() == "b48a23a29072196ff2d49933e602c40685a1d064a021a46b90733b97f25dc61c"

@@ -11,9 +11,9 @@ from lib.config.params import SpecialTokens, TaskConfig, TokenizerConfig
 from lib.core.errors import UserError
 from lib.data.encoding import batch_indices, encode, pair_lengths
 from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer
-from lib.tasks import check_task
 from lib.tasks.base import UNLABELED
-from lib.tasks.classification import Example, Row, collate, example_hash, load_task, read_unlabeled
+from lib.tasks.base import text_hash
+from lib.tasks.classification import TYPE, Example, Row, collate, hash_text, read_unlabeled
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
 BOS, EOS, PAD = 2, 3, 0
@@ -116,14 +116,17 @@ def test_unknown_truncation_mode(tokenizer):
         encode(tokenizer, ["good"], None, 16, "middle", BOS, EOS)
 
 
-# load_task ------------------------------------------------------------------------------------------
+# loading ------------------------------------------------------------------------------------------
 
 def make_task(tmp_path: Path, train: list[dict], evaluation: list[dict], **overrides) -> TaskConfig:
     write_jsonl_gz(tmp_path / "toy" / "train.jsonl.gz", train)
     write_jsonl_gz(tmp_path / "toy" / "validation.jsonl.gz", evaluation)
-    cfg = TaskConfig(source=str(tmp_path / "toy"), **overrides)
-    check_task(cfg, "tasks.toy")
-    return cfg
+    return TaskConfig(source=str(tmp_path / "toy"), **overrides)
+
+
+def example_hash(row: Row) -> int:
+    """The hash that carves dev out of train."""
+    return text_hash(hash_text(row))
 
 
 def labeled(n: int, labels: list, seed: int = 0) -> list[dict]:
@@ -134,7 +137,7 @@ def labeled(n: int, labels: list, seed: int = 0) -> list[dict]:
 
 def load(tokenizer, cfg: TaskConfig, **kwargs):
     options = {"dev_fraction": 0.2, "dev_max": 1000, **kwargs}
-    return load_task("toy", cfg, tokenizer, special_ids(tokenizer, SpecialTokens()), **options)
+    return TYPE.load("toy", cfg, tokenizer, special_ids(tokenizer, SpecialTokens()), **options)
 
 
 def decoded(tokenizer, examples: list[Example]) -> list[str]:
@@ -228,11 +231,11 @@ def test_unlabeled_texts_leave_out_held_out_ones(tokenizer, tmp_path):
     write_jsonl_gz(Path(cfg.source) / "unsup.jsonl.gz",
                    [{"text": r["text"]} for r in extra] + [{"text": ""}])
     held_out = {example_hash(Row(extra[0]["text"], None, 0))}
-    rows, skipped = read_unlabeled("toy", cfg, "unsup", 5, held_out)
+    rows, skipped = read_unlabeled(cfg, "unsup", 5, held_out, "tasks.toy")
     assert len(rows) == 5 and all(row.label == UNLABELED for row in rows)
     assert extra[0]["text"] not in {row.a for row in rows}
     assert skipped == {"unlabeled.empty_text": 1, "unlabeled.overlap": 1}
-    everything, _ = read_unlabeled("toy", cfg, "unsup", None, set())
+    everything, _ = read_unlabeled(cfg, "unsup", None, set(), "tasks.toy")
     assert len(everything) == 10 and {r.a for r in rows} <= {r.a for r in everything}
 
 
@@ -370,7 +373,7 @@ def test_sst2(tokenizer):
     if (trained / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(trained)
     cfg = TaskConfig(source=str(SHARED_DATA / "sst2"), eval_splits=["validation"], max_len=64)
-    data = load_task("sst2", cfg, tokenizer, special_ids(tokenizer, SpecialTokens()), dev_fraction=0.1,
+    data = TYPE.load("sst2", cfg, tokenizer, special_ids(tokenizer, SpecialTokens()), dev_fraction=0.1,
                      dev_max=100, max_train=200, max_eval=100)
     assert data.label_names == ["0", "1"] and len(data.dev) == 100
     assert len(data.train) == 200 and len(data.eval) == 100

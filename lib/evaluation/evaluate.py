@@ -1,14 +1,19 @@
-"""The evaluate stage for the task types other than classification (regression, tagging, span_qa,
-multiple_choice; classification keeps its own path in stages/evaluate.py: raw strings through
-lib.serving.predict, ONNX, zero-shot).
+"""What the evaluate stage reports for one task, the same way for every task type.
 
 For each labeled split of a task's eval_splits, on the examples finetune selects (the same dev carve
-and limits), it scores the teacher and the student with finetune's own scoring (lib.training.finetune.score_split:
-dev first, then the split with what it takes from dev, SQuAD 2.0's no-answer threshold), every finetune
-variant (mean ± std over seeds, first split only, as finetune reports them) and the type's train-only
-baseline (lib.evaluation.baselines) fit on the same train examples and, where finetuning used a subset,
-on all of train. It keeps what the report draws (per-entity-type F1 for tagging, predicted vs gold for
-regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU (lib.evaluation.efficiency).
+and limits), it scores the teacher and the student as finetune scores a model (lib.evaluation.scoring:
+dev first where the type calibrates on it, SQuAD 2.0's no-answer threshold), every finetune variant
+(mean ± std over seeds, first split only, as finetune reports them) and the type's train-only baseline
+(lib.evaluation.baselines) fit on the same train examples and, where finetuning used a subset, on all
+of train. It keeps what the report draws (confusion matrices, per-entity-type F1 for tagging, predicted
+vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU
+(lib.evaluation.efficiency).
+
+A type that lib/serving serves (`served`) also gets: its models exported to ONNX and timed in ONNX
+Runtime on CPU at batch 1 on torch's threads, beside their PyTorch latency, and the student's graph
+with int8 weights (ONNX Runtime's dynamic quantization, what a CPU deployment would run) scored on
+every split as the others are; and, where evaluate.zero_shot has a prompt and the LM is causal,
+zero-shot prompting of the LM (its `zero_shot`).
 """
 from __future__ import annotations
 
@@ -19,29 +24,33 @@ from typing import Any
 
 import torch
 
-from lib.config.params import Params, TaskConfig
+from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
 from lib.core.errors import UserError
-from lib.evaluation.efficiency import profile
+from lib.evaluation.baselines import zero_shot, zero_shot_problem
+from lib.evaluation.efficiency import onnx_latency, profile
+from lib.evaluation.scoring import predict_all, score_split
 from lib.models.classifier import load_classifier
-from lib.tasks import TYPES, task_type
+from lib.models.transformer import Transformer
+from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
+from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData
-from lib.training.finetune import predict_all, score_split
 
-CLASSIFICATION_ONLY = ("ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are "
-                       "classification-only so far: none of them was run for this {type} task.")
+INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
 
-def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
-                        distilled: dict | None, tokenizer, special: dict[str, int], params: Params) -> dict:
-    """evaluate's result for a task of a type other than classification, in its layout (splits -> scores
-    -> model -> metric, efficiency, teacher, notes), with `scatter` (regression) and `per_type` (tagging)
-    for the report's figures."""
-    kind, ft = task_type(task_cfg), params.finetune
-    metrics = task_cfg.metrics
+def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
+                  distilled: dict | None, lm: Transformer, tokenizer, special: dict[str, int], params: Params) -> dict:
+    """evaluate's result for a task (splits -> scores -> model -> metric, efficiency, teacher, notes), with
+    `confusion`, `scatter` and `per_type` for the report's figures. `models`: role -> folder of the
+    teacher and student that exist; `lm`, `tokenizer`, `special`: the adapted LM and its tokenizer, which
+    every task model shares."""
+    kind, ft, cfg = task_type(task_cfg), params.finetune, params.evaluate
+    metrics = task_metrics(task_cfg)
     device = runtime.resolve_device(params.device)
-    impl = replace(params.impl, precision="auto")
+    impl = replace(params.impl, precision="auto")  # scored and timed at deployment precision
     loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
+    onnx = onnx_classifiers(models) if kind.served else {}
     result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
                               "confusion": {}}
     if "teacher" in loaded:
@@ -52,12 +61,15 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
     causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)
     train, full_train = train_items(name, task_cfg, max_train=ft.train_limit(name), **selection)
+    scored_models = {**{role: model for role, (model, _) in loaded.items()},
+                     **{role: classifier.model for role, (classifier, _) in onnx.items() if role == INT8_ROLE}}
+    infos = {**{role: info for role, (_, info) in loaded.items()}, INT8_ROLE: loaded.get("student", (None, {}))[1]}
     calibration: dict[str, dict] = {}
-    unlabeled = []
+    unlabeled, zero_shot_note = [], None
     for split in task_cfg.eval_splits:
-        cfg = replace(task_cfg, eval_splits=[split, *(s for s in task_cfg.eval_splits if s != split)])
-        task = kind.load(name, cfg, tokenizer, special, max_train=ft.train_limit(name), max_eval=ft.eval_limit(name),
-                         causal=causal, **selection)
+        split_cfg = replace(task_cfg, eval_splits=[split, *(s for s in task_cfg.eval_splits if s != split)])
+        task = kind.load(name, split_cfg, tokenizer, special, max_train=ft.train_limit(name),
+                         max_eval=ft.eval_limit(name), causal=causal, **selection)
         if task.eval is None:
             unlabeled.append(split)
             continue
@@ -66,24 +78,31 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
             result["label_names"] = kind.class_names(task)
         entry: dict[str, Any] = {"examples": len(task.references["eval"]), "train_examples": len(train),
                                  "full_train_examples": len(full_train), "scores": {}}
-        for role, (model, info) in loaded.items():
-            print(f"{name} {split}: scoring the {role} on {entry['examples']} examples ({device.type})", flush=True)
-            scored = as_saved(task, info, f"{models[role]}")
+        for role, model in scored_models.items():
+            print(f"{name} {split}: scoring the {role} on {entry['examples']} examples", flush=True)
+            scored = as_saved(task, infos[role], f"{models.get(role, models.get('student'))}")
             if role not in calibration:  # from dev, the same for every split
-                calibration[role] = score_split(model, scored, "dev", metrics, ft.batch_size, special["pad"], device,
-                                                impl)[1]
-            score_model(entry, result, role, model, scored, metrics, calibration[role], ft.batch_size, special["pad"],
-                        device, impl, first)
+                calibration[role] = score_split(model, scored, "dev", metrics, ft.batch_size * 2, special["pad"],
+                                                device, impl)[1] if kind.calibrated else {}
+            score_model(entry, result, role, model, scored, metrics, calibration[role], ft.batch_size * 2,
+                        special["pad"], device, impl, first)
         if first and finetuned:
             entry["scores"].update(variant_means(finetuned))
-        baseline = kind.baseline
         for suffix, items in (("", train), ("_full_train", full_train)):
             if suffix and len(full_train) == len(train):
                 continue  # finetuning used all of train: the baseline above already did
-            print(f"{name} {split}: {baseline} baseline on {len(items)} train examples", flush=True)
-            values, extras = kind.baseline_scores(task, items, metrics)
-            entry["scores"][baseline + suffix] = values
-            keep_extras(entry, result, baseline + suffix, extras, first and not suffix)
+            print(f"{name} {split}: {kind.baseline_label} baseline on {len(items)} train examples", flush=True)
+            values, extras = kind.baseline_scores(task, items, metrics, cfg)
+            entry["scores"][kind.baseline + suffix] = values
+            keep_extras(entry, result, kind.baseline + suffix, extras, first and not suffix)
+        prompt = cfg.zero_shot.get(name)
+        if prompt is not None and lm.cfg.causal:
+            zero_shot_note = zero_shot_problem(name, prompt.label_words, task.label_names)
+            if zero_shot_note is None:
+                predicted = zero_shot(lm, tokenizer, special, task.references["eval"], template=prompt.template,
+                                      label_words=prompt.label_words, max_len=task_cfg.max_len,
+                                      truncation=task_cfg.truncation)
+                entry["scores"]["zero_shot"] = kind.score(task, "eval", predicted, metrics)[0]
         result["splits"][split] = entry
         print(f"{name} {split}: " + "; ".join(f"{m} {s[metrics[0]]:.4f}" for m, s in entry["scores"].items()),
               flush=True)
@@ -91,10 +110,16 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
         raise UserError(f"tasks.{name}.eval_splits: none of {task_cfg.eval_splits} has labels; "
                         "name a labeled split to evaluate on")
     notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
-    notes.append(CLASSIFICATION_ONLY.format(type=kind.name))
-    print(f"{name}: {notes[-1]}", flush=True)
-    result["note"] = " ".join(notes)
-    cfg = params.evaluate
+    if zero_shot_note is not None:
+        notes.append(zero_shot_note)
+    if not kind.served:
+        served = ", ".join(other.name for other in TYPES.values() if other.served)
+        notes.append(f"ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are for "
+                     f"{served} tasks so far: none of them was run for this {kind.name} task.")
+    for note in notes:
+        print(f"{name}: {note}", flush=True)
+    if notes:
+        result["note"] = " ".join(notes)
     latency_batch = kind.latency_batch(task.info)  # the last split's task: the same train, so the same info
     if loaded:
         result["timed"] = kind.timed.format(seq_len=cfg.latency_seq_len, n=latency_batch)
@@ -103,9 +128,31 @@ def evaluate_typed_task(name: str, task_cfg: TaskConfig, models: dict[str, Path]
                                           repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
                                           latency_batch=latency_batch)
                             for role, (model, _) in loaded.items()}
+    if onnx:
+        print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)
+        result["onnx"] = {role: onnx_efficiency(c, size, cfg) for role, (c, size) in onnx.items()}
     if distilled:
         add_retention(result, metrics[0])
     return result
+
+
+def onnx_classifiers(models: dict[str, Path]) -> dict[str, tuple[OnnxClassifier, int]]:
+    """Each model through ONNX Runtime on CPU, and the student quantized to int8 (INT8_ROLE), each with
+    the bytes of its ONNX model. Exported in memory: the model folders are other stages' outputs, and
+    evaluate's own are its reports."""
+    exported = {role: folder_to_onnx(folder) for role, folder in models.items()}
+    if "student" in exported:
+        exported[INT8_ROLE] = quantize_int8(exported["student"])
+    folders = {**models, INT8_ROLE: models.get("student")}
+    return {role: (OnnxClassifier.load(folders[role], model), len(model)) for role, model in exported.items()}
+
+
+def onnx_efficiency(classifier: OnnxClassifier, size: int, cfg: EvaluateConfig) -> dict:
+    """Size of the ONNX model, and its CPU latency at batch 1 in ONNX Runtime at evaluate.latency_seq_len
+    tokens, on the session's threads: torch's, so it compares with the PyTorch CPU latency."""
+    forward = classifier.model
+    timing = onnx_latency(forward, forward.vocab_size, cfg.latency_seq_len, repeats=cfg.latency_repeats)
+    return {"disk_bytes": size, "cpu": {**timing, "seq_len": cfg.latency_seq_len, "threads": forward.threads}}
 
 
 def add_retention(result: dict, metric: str) -> None:
@@ -124,7 +171,7 @@ def score_model(entry: dict, result: dict, role: str, model, task: TaskData, met
                 calibration: dict[str, Any], batch_size: int, pad_id: int, device: torch.device, impl,
                 first: bool) -> None:
     """The model's scores on task.eval into entry["scores"][role], its extras beside them: what
-    lib.training.finetune.score_split does, keeping the predictions for the regression scatter (first split)."""
+    lib.evaluation.scoring.score_split does, keeping the predictions for the regression scatter (first split)."""
     kind = TYPES[task.type]
     predicted = predict_all(model, task, task.eval, batch_size, pad_id, device, impl)
     values, extras = kind.score(task, "eval", predicted, metrics, calibration)
@@ -139,9 +186,7 @@ def train_items(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int
                 max_train: int | None) -> tuple[list, list]:
     """(the train items finetune trains on, all of train but the dev carve), as the type's `load` selects
     them, without encoding them: the baselines learn from the raw items."""
-    kind, key = task_type(cfg), f"tasks.{name}"
-    items, _ = kind.read(cfg, cfg.train_split, key, None)
-    return tuple(kind.split_train(items, key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit)[0]
+    return tuple(task_type(cfg).select(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit).train
                  for limit in (max_train, None))
 
 

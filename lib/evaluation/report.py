@@ -88,7 +88,7 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
         lines += no_answer_table(r)
         efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
         if efficiency:
-            typed = "type" in r  # not classification: timed per call as `timed` says, no ONNX Runtime
+            typed = not onnx  # not served: timed per call as `timed` says, no ONNX Runtime
             lines += [f"| model | parameters | size on disk | CPU p50 / p95 ms ({'per call' if typed else 'batch 1'}) | "
                       f"CPU sequences/s (batch {next(iter(efficiency.values()))['cpu']['batch']}) |"
                       + ("" if typed else " ONNX Runtime CPU p50 / p95 ms (batch 1) |"),

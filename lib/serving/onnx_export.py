@@ -201,8 +201,12 @@ class OnnxForward:
         self.session, self.vocab_size = session, vocab_size
         self.threads = session.get_session_options().intra_op_num_threads
 
-    def __call__(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
-                 attention_mask: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def eval(self) -> OnnxForward:
+        """As a module's: a session has no training mode."""
+        return self
+
+    def __call__(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 output_hidden_states: bool = False) -> tuple[torch.Tensor, None]:
         feed = {name: tensor.cpu().numpy() for name, tensor in zip(INPUT_NAMES, (input_ids, segment_ids,
                                                                                  attention_mask))}
         return torch.from_numpy(self.session.run([OUTPUT_NAME], feed)[0]), None

@@ -2,8 +2,9 @@
 
 A prediction must see exactly the inputs training saw, so `TextClassifier` reads everything from the
 folder itself: the tokenizer (tokenizer.json), the layout and truncation (classifier.json's
-"encoding"), the special token ids (tokenizer_meta.json), and encodes with `lib.data.encoding.encode`, the
-function training used. Texts are batched by length (little padding) and returned in input order.
+"encoding"), the special token ids (tokenizer_meta.json); it encodes as the classification type does
+and predicts through lib.evaluation.scoring, the path finetune and evaluate score with. Texts are
+batched by length (little padding) and returned in input order.
 
     from lib.serving.predict import TextClassifier
     clf = TextClassifier.load("models/finetune/imdb")
@@ -29,11 +30,14 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from lib.config.params import ImplConfig
 from lib.core import runtime
 from lib.core.errors import UserError
-from lib.data.encoding import encode, padded
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
-from lib.models.classifier import META_FILE, Classifier, load_classifier
+from lib.evaluation.scoring import predict_all
+from lib.models.classifier import META_FILE, Classifier, load_classifier, saved_type
+from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.classification import TYPE, Row, encode_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,6 +70,8 @@ class TextClassifier:
                  special: dict[str, int], device: torch.device, precision: runtime.Precision = "fp32"):
         self.model, self.tokenizer, self.label_names = model, tokenizer, label_names
         self.encoding, self.special, self.device, self.precision = encoding, special, device, precision
+        # the task as the saved model knows it: what lib.evaluation.scoring reads to batch and run it
+        self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=TYPE.name)
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", precision: str = "auto") -> TextClassifier:
@@ -79,6 +85,9 @@ class TextClassifier:
         torch_device = runtime.resolve_device(device)
         resolved = runtime.resolve_precision(precision, torch_device, key="precision")
         model, info = load_classifier(model_dir, torch_device)
+        if saved_type(info) is not TYPE:
+            raise UserError(f"{model_dir}: a {saved_type(info).name} model; TextClassifier classifies texts with a "
+                            f"{TYPE.name} model")
         try:
             encoding = Encoding(**info["encoding"])
             label_names = [str(name) for name in info["label_names"]]
@@ -111,17 +120,12 @@ class TextClassifier:
         """(len(texts), n_classes) float32 class probabilities, rows in the order of `texts` (any
         iterable of strings: a list, a pandas Series, a generator)."""
         texts, text_pairs = self._checked_inputs(texts, text_pairs)
-        ids, segments, _ = encode(self.tokenizer, texts, text_pairs, self.encoding.max_len, self.encoding.truncation,
-                                  self.special["bos"], self.special["eos"])
-        probabilities = np.zeros((len(ids), len(self.label_names)), dtype=np.float32)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: equal lengths share a batch
-        with torch.inference_mode(), runtime.autocast(self.device, self.precision):
-            for start in range(0, len(order), batch_size):
-                rows = order[start:start + batch_size]
-                inputs = padded([(ids[i], segments[i]) for i in rows], self.special["pad"])
-                logits, _ = self.model(*(t.to(self.device, non_blocking=True) for t in inputs))
-                probabilities[rows] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
-        return probabilities
+        rows = [Row(a, b, UNLABELED) for a, b in zip(texts, text_pairs or [None] * len(texts))]
+        examples, _ = encode_rows(rows, self.encoding, self.tokenizer, self.special)
+        probabilities = predict_all(self.model, self.task, examples, batch_size, self.special["pad"], self.device,
+                                    ImplConfig(precision=self.precision),
+                                    read=lambda outputs, part: list(torch.softmax(outputs.float(), dim=-1).numpy()))
+        return np.array(probabilities, dtype=np.float32).reshape(len(rows), len(self.label_names))
 
     def _checked_inputs(self, texts: Iterable[str],
                         text_pairs: Iterable[str] | None) -> tuple[list[str], list[str] | None]:

@@ -33,35 +33,43 @@ def task_type(cfg: TaskConfig) -> TaskType:
     return TYPES[cfg.type or DEFAULT_TYPE]
 
 
+def task_metrics(cfg: TaskConfig) -> list[str]:
+    """The task's metrics, the first of which picks the best epoch: its own, else its type's defaults."""
+    return list(cfg.metrics) if cfg.metrics is not None else list(task_type(cfg).default_metrics)
+
+
 def field_kinds(tasks: dict[str, TaskConfig]) -> dict[str, dict[str, str]]:
     """Per task, what its fields hold where not one text (its type's `field_kinds`), for decontamination."""
     return {name: task_type(cfg).field_kinds for name, cfg in tasks.items()}
 
 
 def check_task(cfg: TaskConfig, key: str) -> None:
-    """One task's config (`key`: tasks.<name>) against its type, its defaults filled in."""
-    cfg.type = cfg.type or DEFAULT_TYPE
-    check_choice(cfg.type, TYPES, f"{key}.type")
-    kind = TYPES[cfg.type]
-    if cfg.metrics is None:
-        cfg.metrics = list(kind.default_metrics)
-    kind.check(cfg, key)
+    """One task's config (`key`: tasks.<name>) against its type. The params stay as written (null type
+    and metrics: task_type, task_metrics), so every stage tracks the same values whichever checks it runs."""
+    if cfg.type is not None:
+        check_choice(cfg.type, TYPES, f"{key}.type")
+    task_type(cfg).check(cfg, key)
 
 
 def check_tasks(params: Params) -> None:
     """The `tasks` section against the types (a check of lib.config.params.load_params, for the stages that
-    read tasks): each task's type a registered one, its metrics the type's (null: its defaults, filled in
-    here so that every stage and tracked param sees them), its fields what the type needs."""
+    read tasks): each task's type a registered one, its metrics the type's, its fields what the type
+    needs, and what other sections ask of a task's type."""
     for name, cfg in params.tasks.items():
         check_task(cfg, f"tasks.{name}")
+    for name in params.evaluate.zero_shot:  # Params.validate: every name is a task's
+        kind = task_type(params.tasks[name])
+        if not kind.zero_shot:
+            raise ParamsError(f"evaluate.zero_shot.{name}: {name} is {kind.name}, which has no zero-shot prompting: "
+                              "remove the entry")
     for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's
-        kind = TYPES[params.tasks[name].type]
+        kind = task_type(params.tasks[name])
         if not kind.unlabeled_transfer:
             raise ParamsError(f"distill.unlabeled.{name}: {split!r} names unlabeled text for a {kind.name} task, "
                               "which takes no unlabeled transfer text: remove the entry")
     if params.finetune.aux_lm_weight > 0:
         for task in params.finetune.tasks:
-            kind = TYPES[params.tasks[task].type]
+            kind = task_type(params.tasks[task])
             if not kind.aux_lm:
                 raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss is not for {kind.name} tasks, and "
                                   f"finetune.tasks has {task}; set it to 0")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.config.params import ParamsError, TaskConfig
+from lib.config.params import EvaluateConfig, ParamsError, TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import read_rows, split_columns
 
@@ -47,6 +47,19 @@ class TaskData:
             return len(self.references[split])
         examples = {"train": self.train, "dev": self.dev, "eval": self.eval}[split]
         return len(examples) if examples is not None else 0
+
+
+@dataclass
+class TaskItems:
+    """A task's items as a type reads them, selected as its `load` selects them, before encoding (what
+    text baselines and the evaluation read)."""
+    label_names: list[str]
+    info: dict[str, Any]
+    train: list
+    dev: list
+    eval: list  # [] when the evaluation split has no labels
+    eval_split: str
+    skipped: dict[str, int]  # dropped rows per "<train|eval>.<reason>"
 
 
 def text_hash(text: str) -> int:
@@ -115,13 +128,15 @@ class TaskType:
     logistic_probe = False
     unlabeled_transfer = False  # distill.unlabeled: in-domain texts the teacher labels for the student
     served = False  # lib/serving predicts it from raw text (TextClassifier, ONNX Runtime, MLflow pyfunc)
+    zero_shot = False  # evaluate.zero_shot: an LM prompted with a label word per class
+    calibrated = False  # `score` of the evaluation split takes a setting from dev's (`calibration`)
 
     # params -------------------------------------------------------------------------------------
     def check(self, cfg: TaskConfig, key: str) -> None:
         """Raise ParamsError naming the key of `cfg` (tasks.<name>, `key`) that this type can not use."""
-        if not cfg.metrics:
+        if cfg.metrics == []:
             raise ParamsError(f"{key}.metrics: empty; name at least one of {', '.join(self.metrics)}")
-        unknown = [m for m in cfg.metrics if m not in self.metrics]
+        unknown = [m for m in cfg.metrics or () if m not in self.metrics]
         if unknown:
             raise ParamsError(f"{key}.metrics: '{unknown[0]}' is not a {self.name} metric; "
                               f"use {', '.join(self.metrics)}")
@@ -149,50 +164,67 @@ class TaskType:
         """(examples, number truncated); `causal`: whether the model reads each position's left context only."""
         raise NotImplementedError
 
-    def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
-             causal: bool = False) -> TaskData:
-        """The task's train, dev (hashed out of train) and evaluation examples, encoded for a causal model
-        (`causal`) or one that attends both ways."""
+    def select(self, name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int, max_train: int | None = None,
+               max_eval: int | None = None) -> TaskItems:
+        """The task's items: train and dev (hashed out of train) from cfg.train_split, at most max_train
+        of train; the evaluation items of cfg.eval_splits[0], at most max_eval."""
         key = f"tasks.{name}"
         eval_split = cfg.eval_splits[0]
         train_items, train_skipped = self.read(cfg, cfg.train_split, key, None)
         if not train_items:
             raise UserError(f"{key}: split '{cfg.train_split}' has no usable row (skipped: {train_skipped}); "
                             "check the task's fields and type")
+        # a split without the label field (GLUE's test_unlabeled) is unlabeled: no evaluation items
         labeled = cfg.label_field in split_columns(cfg.source, eval_split, key)
         eval_items, eval_skipped = self.read(cfg, eval_split, key, train_items) if labeled else ([], {})
         if labeled and not eval_items and not self.unlabeled(eval_skipped):
             raise UserError(f"{key}: split '{eval_split}' has no usable row (skipped: {eval_skipped})")
         label_names, info = self.prepare(cfg, train_items, key)
+        train_items, eval_items = self.label_ids(cfg, train_items, eval_items, eval_split, key)
         train, dev = self.split_train(train_items, key, dev_fraction=dev_fraction, dev_max=dev_max,
                                       max_train=max_train)
         if eval_items:
             kept = hashed_subset([text_hash(self.hash_text(item)) for item in eval_items],
-                                 [text_hash(repr(item)) for item in eval_items], max_eval)
+                                 [self.tie(item) for item in eval_items], max_eval)
             eval_items = [eval_items[i] for i in kept]
-        info = {**info, **self.fit(cfg, train, key)}
+        return TaskItems(label_names, {**info, **self.fit(cfg, train, key)}, train, dev, eval_items, eval_split,
+                         {**{f"train.{k}": v for k, v in train_skipped.items()},
+                          **{f"eval.{k}": v for k, v in eval_skipped.items()}})
+
+    def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
+             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
+             causal: bool = False) -> TaskData:
+        """The task's items (`select`) encoded for a causal model (`causal`) or one that attends both ways."""
+        items = self.select(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train,
+                            max_eval=max_eval)
         encoded, truncated = {}, {}
-        for split, items in (("train", train), ("dev", dev), ("eval", eval_items)):
-            encoded[split], truncated[split] = self.encode(items, cfg, tokenizer, special, label_names, info, key,
-                                                           causal)
+        for split in ("train", "dev", "eval"):
+            encoded[split], truncated[split] = self.encode(getattr(items, split), cfg, tokenizer, special,
+                                                           items.label_names, items.info, f"tasks.{name}", causal)
         return TaskData(
-            name=name, label_names=label_names, train=encoded["train"], dev=encoded["dev"],
-            eval=encoded["eval"] or None, eval_split=eval_split,
-            skipped={**{f"train.{k}": v for k, v in train_skipped.items()},
-                     **{f"eval.{k}": v for k, v in eval_skipped.items()}},
+            name=name, label_names=items.label_names, train=encoded["train"], dev=encoded["dev"],
+            eval=encoded["eval"] or None, eval_split=items.eval_split, skipped=items.skipped,
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
-            type=self.name, info=info, references={"train": train, "dev": dev, "eval": eval_items})
+            type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval})
 
     def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
                     max_train: int | None) -> tuple[list, list]:
         """(train items, dev items) of the train split's items: dev hashed out by `hash_text`, at most
         max_train of the rest (hashed_split)."""
         hashes = [text_hash(self.hash_text(item)) for item in items]
-        ties = [text_hash(repr(item)) for item in items]
-        train_ids, dev_ids = hashed_split(hashes, ties, key, dev_fraction=dev_fraction, dev_max=dev_max,
-                                          max_train=max_train)
+        train_ids, dev_ids = hashed_split(hashes, [self.tie(item) for item in items], key, dev_fraction=dev_fraction,
+                                          dev_max=dev_max, max_train=max_train)
         return [items[i] for i in train_ids], [items[i] for i in dev_ids]
+
+    def tie(self, item: Any) -> Any:
+        """What orders items of equal hash (identical texts) when a limit cuts between them."""
+        return text_hash(repr(item))
+
+    def label_ids(self, cfg: TaskConfig, train: list, evaluation: list, eval_split: str,
+                  key: str) -> tuple[list, list]:
+        """(train, evaluation) items with their labels as the model's targets, where a type maps them
+        (classification: to class indices, the train split's classes)."""
+        return train, evaluation
 
     def unlabeled(self, skipped: dict[str, int]) -> bool:
         """Whether an evaluation split that gave no items is an unlabeled one (GLUE's -1 or null labels),
@@ -202,6 +234,12 @@ class TaskType:
     def fit(self, cfg: TaskConfig, train: list, key: str) -> dict[str, Any]:
         """Info taken from the selected train items (regression's target scale)."""
         return {}
+
+    def read_unlabeled(self, cfg: TaskConfig, split: str, limit: int | None, exclude: set[int],
+                       key: str) -> tuple[list, dict[str, int]]:
+        """(items with the UNLABELED label, skipped rows by reason): at most `limit` texts of `split` for a
+        teacher to label, none whose text_hash(hash_text) is in `exclude` (types with unlabeled_transfer)."""
+        raise NotImplementedError
 
     # training ------------------------------------------------------------------------------------
     def n_outputs(self, task: TaskData) -> int:
@@ -272,9 +310,11 @@ class TaskType:
         return soft_loss(student, teacher, temperature)
 
     # evaluation -----------------------------------------------------------------------------------
-    def baseline_scores(self, task: TaskData, train: list, metrics: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
+    def baseline_scores(self, task: TaskData, train: list, metrics: list[str],
+                        settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:
         """(scores, extras as `score` gives them) of the type's baseline (lib.evaluation.baselines) fit on
-        the `train` items, on task's evaluation items."""
+        the `train` items (tuned on task's dev items where it has a setting to choose), on task's
+        evaluation items."""
         raise NotImplementedError
 
     def latency_batch(self, info: dict[str, Any]) -> int:

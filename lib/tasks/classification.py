@@ -1,14 +1,14 @@
 """Classification of one text or a pair: cross-entropy over the classes; accuracy, F1 and MCC with the
 confusion matrix.
 
-`load_task` turns a task's train split and its first evaluation split into token-id examples:
+Read and selected as lib/tasks/base.py's `select` reads every type:
 - Labels come from the data. The class set is the train split's labels, sorted (ints as ints,
   strings as strings), unless `label_names` fixes the names and so the indices. Every train row must
   be labeled; an evaluation split whose labels are all missing (GLUE marks them -1) is an unlabeled
   test split and gives no evaluation examples rather than an error.
-- Dev is hashed out of train by the example's text (both texts of a pair) as lib/tasks/base.py says,
-  ties between identical texts broken by the label; texts are laid out and cut as lib/data/encoding.py
-  says.
+- Dev is hashed out of train by the example's text (both texts of a pair), ties between identical
+  texts broken by the class index; texts are laid out and cut as lib/data/encoding.py says.
+- For distillation, unlabeled in-domain texts (`read_unlabeled`) that the teacher alone labels.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from typing import Any, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import TaskConfig
+from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.encoding import encode, padded
-from lib.data.sources import read_rows, split_columns
+from lib.data.sources import read_rows
+from lib.evaluation.baselines import tfidf_baseline
 from lib.evaluation.metrics import compute_metrics, confusion_matrix
 from lib.models.hf import SEQUENCE_CLASSIFIERS
-from lib.tasks.base import (UNLABELED, TaskData, TaskType, hashed_split, hashed_subset, label_config, smallest_hashes,
-                            text_hash)
+from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, smallest_hashes, text_hash
 
 
 @dataclass
@@ -41,67 +41,6 @@ class Row(NamedTuple):
     label: Any  # as read; an index once labels are mapped
 
 
-def example_hash(row: Row) -> int:
-    """A 64-bit hash of the example's text (read as a fraction of 2**64, uniform in [0, 1)): both
-    texts of a pair, so the same sentence in two pairs is two examples."""
-    return text_hash(row.a if row.b is None else f"{row.a}\t{row.b}")
-
-
-@dataclass
-class TaskRows:
-    """A task's texts and label indices, selected as load_task selects them (for text baselines)."""
-    name: str
-    label_names: list[str]
-    train: list[Row]
-    dev: list[Row]
-    eval: list[Row] | None  # None when the evaluation split has no labels
-    eval_split: str
-    skipped: dict[str, int]
-
-
-def read_task(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int, max_train: int | None = None,
-              max_eval: int | None = None, eval_split: str | None = None) -> TaskRows:
-    """Read task `name`: train and dev rows from cfg.train_split, eval rows from `eval_split` (default
-    cfg.eval_splits[0]), labels as class indices. Raises UserError on unusable data."""
-    key = f"tasks.{name}"
-    eval_split = eval_split or cfg.eval_splits[0]
-    skipped: dict[str, int] = {}
-    train_rows = _read_split(cfg, cfg.train_split, "train", key, skipped)
-    # a split without the label field (GLUE's test_unlabeled) is read as unlabeled: no evaluation examples
-    labeled = cfg.label_field in split_columns(cfg.source, eval_split, key)
-    eval_rows = _read_split(cfg, eval_split, "eval", key, skipped, labeled=labeled)
-    label_names, index = _label_index(cfg, train_rows, key)
-    train_rows = [row._replace(label=index[row.label]) for row in train_rows]
-
-    train_ids, dev_ids = hashed_split([example_hash(row) for row in train_rows], [row.label for row in train_rows],
-                                      key, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train)
-    evaluation = None
-    if not all(_unlabeled(row.label) for row in eval_rows):
-        eval_rows = [row._replace(label=_eval_index(row.label, index, eval_split, key)) for row in eval_rows]
-        kept = hashed_subset([example_hash(row) for row in eval_rows], [row.label for row in eval_rows], max_eval)
-        evaluation = [eval_rows[i] for i in kept]
-    return TaskRows(name=name, label_names=label_names, train=[train_rows[i] for i in train_ids],
-                    dev=[train_rows[i] for i in dev_ids], eval=evaluation, eval_split=eval_split,
-                    skipped=skipped)
-
-
-def load_task(name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-              dev_max: int, max_train: int | None = None, max_eval: int | None = None) -> TaskData:
-    """read_task's rows encoded with `tokenizer` (`special`: role -> id, as lib.data.tokenizer.special_ids)."""
-    rows = read_task(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train, max_eval=max_eval)
-    return encode_task(rows, cfg, tokenizer, special)
-
-
-def encode_task(rows: TaskRows, cfg: TaskConfig, tokenizer, special: dict[str, int]) -> TaskData:
-    """A task's selected rows as token-id examples."""
-    train, train_cut = encode_rows(rows.train, cfg, tokenizer, special)
-    dev, dev_cut = encode_rows(rows.dev, cfg, tokenizer, special)
-    evaluation, eval_cut = encode_rows(rows.eval, cfg, tokenizer, special) if rows.eval is not None else (None, 0)
-    return TaskData(name=rows.name, label_names=rows.label_names, train=train, dev=dev, eval=evaluation,
-                    eval_split=rows.eval_split, skipped=rows.skipped,
-                    truncated={"train": train_cut + dev_cut, "eval": eval_cut})
-
-
 def encode_rows(rows: list[Row], cfg: TaskConfig, tokenizer, special: dict[str, int]) -> tuple[list[Example], int]:
     """(examples, number truncated): rows encoded as the task's config says."""
     ids, segments, truncated = encode(
@@ -110,14 +49,19 @@ def encode_rows(rows: list[Row], cfg: TaskConfig, tokenizer, special: dict[str, 
     return [Example(i, s, row.label) for i, s, row in zip(ids, segments, rows)], truncated
 
 
-def read_unlabeled(name: str, cfg: TaskConfig, split: str, limit: int | None,
-                   exclude: set[int]) -> tuple[list[Row], dict[str, int]]:
+def hash_text(row: Row) -> str:
+    """Both texts of a pair, so the same sentence in two pairs is two items."""
+    return row.a if row.b is None else f"{row.a}\t{row.b}"
+
+
+def read_unlabeled(cfg: TaskConfig, split: str, limit: int | None, exclude: set[int],
+                   key: str) -> tuple[list[Row], dict[str, int]]:
     """(rows, skipped rows by reason): the texts of `split` of the task's source with label UNLABELED, at most
     `limit` of smallest hash, none whose hash is in `exclude` (the dev and evaluation texts, which a
     teacher-labeled copy would leak into training). Empty texts are skipped and counted."""
     skipped: dict[str, int] = {}
-    rows = _read_split(cfg, split, "unlabeled", f"tasks.{name}", skipped, labeled=False)
-    hashes = [example_hash(row) for row in rows]
+    rows = _read_split(cfg, split, "unlabeled", key, skipped, labeled=False)
+    hashes = [text_hash(hash_text(row)) for row in rows]
     fresh = [i for i, h in enumerate(hashes) if h not in exclude]
     kept = smallest_hashes(fresh, hashes, [0] * len(rows), limit)
     skipped["unlabeled.overlap"] = len(rows) - len(fresh)
@@ -225,12 +169,40 @@ class Classification(TaskType):
     logistic_probe = True
     unlabeled_transfer = True
     served = True
+    zero_shot = True
 
-    def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
-             dev_max: int, max_train: int | None = None, max_eval: int | None = None,
-             causal: bool = False) -> TaskData:
-        return load_task(name, cfg, tokenizer, special, dev_fraction=dev_fraction, dev_max=dev_max,
-                         max_train=max_train, max_eval=max_eval)
+    def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Row], dict[str, int]]:
+        """The rows with text, labels as read. An evaluation split whose labels are all missing (GLUE marks
+        them -1) is unlabeled: no items; otherwise each of its labels must be a train label (label_ids)."""
+        skipped: dict[str, int] = {}
+        rows = _read_split(cfg, split, "split", key, skipped)
+        counts = {"empty_text": skipped["split.empty_text"]}
+        if train is not None and all(_unlabeled(row.label) for row in rows):
+            return [], {**counts, "unlabeled": len(rows)}
+        return rows, counts
+
+    def hash_text(self, item: Row) -> str:
+        return hash_text(item)
+
+    def tie(self, item: Row) -> int:
+        return item.label  # the class index, by then (label_ids)
+
+    def prepare(self, cfg: TaskConfig, train: list[Row], key: str) -> tuple[list[str], dict[str, Any]]:
+        return _label_index(cfg, train, key)[0], {}
+
+    def label_ids(self, cfg: TaskConfig, train: list[Row], evaluation: list[Row], eval_split: str,
+                  key: str) -> tuple[list[Row], list[Row]]:
+        _, index = _label_index(cfg, train, key)
+        return ([row._replace(label=index[row.label]) for row in train],
+                [row._replace(label=_eval_index(row.label, index, eval_split, key)) for row in evaluation])
+
+    def encode(self, items, cfg, tokenizer, special, label_names, info, key,
+               causal=False) -> tuple[list[Example], int]:
+        return encode_rows(items, cfg, tokenizer, special)
+
+    def read_unlabeled(self, cfg: TaskConfig, split: str, limit: int | None, exclude: set[int],
+                       key: str) -> tuple[list[Row], dict[str, int]]:
+        return read_unlabeled(cfg, split, limit, exclude, key)
 
     def n_outputs(self, task: TaskData) -> int:
         return len(task.label_names)
@@ -243,6 +215,12 @@ class Classification(TaskType):
 
     def class_names(self, task: TaskData) -> list[str]:
         return task.label_names
+
+    def baseline_scores(self, task: TaskData, train: list[Row], metrics: list[str], settings: EvaluateConfig):
+        """TF-IDF + logistic regression, its C picked on dev among evaluate.tfidf_c."""
+        fit = tfidf_baseline(train, task.references["dev"], task.references["eval"], len(task.label_names), metrics,
+                             c_grid=tuple(settings.tfidf_c))
+        return {**fit["eval"], "c": fit["c"], "seconds": fit["seconds"]}, {"confusion": fit["confusion"]}
 
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         return F.cross_entropy(outputs.float(), batch["labels"])

@@ -23,7 +23,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import TaskConfig
+from lib.config.params import EvaluateConfig, TaskConfig
 from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
 from lib.evaluation.baselines import tfidf_choice_scores
@@ -174,7 +174,7 @@ class MultipleChoice(TaskType):
     def class_names(self, task: TaskData) -> list[str]:
         return [f"ending {i}" for i in range(task.info["n_choices"])]
 
-    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str]):
+    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str], settings: EvaluateConfig):
         return self.score(task, "eval", tfidf_choice_scores(train, task.references["eval"]).tolist(), metrics)
 
     def latency_batch(self, info: dict[str, Any]) -> int:

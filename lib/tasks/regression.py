@@ -26,7 +26,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import TaskConfig
+from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
@@ -187,7 +187,7 @@ class Regression(TaskType):
         the gold one)."""
         return F.mse_loss(student, teacher)
 
-    def baseline_scores(self, task: TaskData, train: list[Scored], metrics: list[str]):
+    def baseline_scores(self, task: TaskData, train: list[Scored], metrics: list[str], settings: EvaluateConfig):
         return self.score(task, "eval", tfidf_similarity(train, task.references["eval"]), metrics)
 
 

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import TaskConfig
+from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
@@ -267,6 +267,7 @@ class SpanQA(TaskType):
     name = "span_qa"
     metrics = default_metrics = ("f1", "exact_match")
     pair_role = "context"
+    calibrated = True  # SQuAD 2.0's no-answer threshold, picked on dev
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
     exports = {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs") for family, prefix in CLASS_PREFIXES.items()}
@@ -329,7 +330,7 @@ class SpanQA(TaskType):
         return sum(masked_soft_loss(student[..., k], teacher[..., k], batch["candidates"], temperature)
                    for k in (0, 1)) / 2
 
-    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str]):
+    def baseline_scores(self, task: TaskData, train: list[Question], metrics: list[str], settings: EvaluateConfig):
         """The baseline answers with text, not logits: scored here as `score` scores decoded answers."""
         items = task.references["eval"]
         model = OverlapQA.fit(train, no_answer=bool(task.info.get("unanswerable")))

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import TaskConfig
+from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
 from lib.evaluation.baselines import lexicon_tags
@@ -256,7 +256,7 @@ class Tagging(TaskType):
             return student.sum() * 0.0
         return soft_loss(student[positions], teacher[positions], temperature)
 
-    def baseline_scores(self, task: TaskData, train: list[Sentence], metrics: list[str]):
+    def baseline_scores(self, task: TaskData, train: list[Sentence], metrics: list[str], settings: EvaluateConfig):
         predicted = lexicon_tags(train, [s.words for s in task.references["eval"]])
         return self.score(task, "eval", predicted, metrics)
 

@@ -58,7 +58,8 @@ from lib.tasks.base import UNLABELED, TaskData
 from lib.training import distributed
 from lib.training.distributed import Context
 from lib.training.epoch_loop import EpochLoop
-from lib.training.finetune import run_name, score_split
+from lib.evaluation.scoring import score_split
+from lib.training.finetune import run_name
 from lib.training.optim import adamw, warmup_decay
 
 

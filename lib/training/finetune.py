@@ -41,6 +41,7 @@ from lib.config.params import FinetuneConfig, ImplConfig
 from lib.core import runtime
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
+from lib.evaluation.scoring import score_split
 from lib.models.classifier import Classifier, HeadConfig, lm_loss, plain_head
 from lib.models.transformer import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
@@ -394,35 +395,3 @@ class ProbeTrainer:
         return self.kind.score(self.task, split, predictions, metrics, calibration)
 
 
-def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
-                impl: ImplConfig, context: Context = Context()) -> list:
-    """The task type's prediction for each of `examples` (in their order), the model in eval mode.
-    Under torchrun each rank predicts every world-th batch, in step with the others (a sharded model's
-    forward is a collective), and every rank gets all of them."""
-    model.eval()
-    kind = TYPES[task.type]
-    precision = runtime.resolve_precision(impl.precision, device)
-
-    @torch.no_grad()
-    def predict(group: list[int]) -> list:
-        part = [examples[i] for i in group]
-        batch = move(kind.collate(part, pad_id, task), device)
-        with runtime.autocast(device, precision):
-            outputs, _ = kind.forward(model, batch)
-        return kind.predict(outputs.cpu(), part, task)
-
-    groups = batch_indices(examples, batch_size)
-    predictions: list = [None] * len(examples)
-    for group, predicted in zip(groups, distributed.spread(context, groups, predict)):
-        for i, prediction in zip(group, predicted):
-            predictions[i] = prediction
-    return predictions
-
-
-def score_split(model: Classifier, task: TaskData, split: str, metrics: list[str], batch_size: int, pad_id: int,
-                device: torch.device, impl: ImplConfig, context: Context = Context(),
-                calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
-    """(metrics, extras) of the model on task.dev ("dev") or task.eval ("eval"), as the task's type scores them."""
-    examples = task.dev if split == "dev" else task.eval
-    predictions = predict_all(model, task, examples, batch_size, pad_id, device, impl, context)
-    return TYPES[task.type].score(task, split, predictions, metrics, calibration)
