@@ -17,24 +17,18 @@ served), on the GPU too when there is one, and writes metrics/evaluate.json, DVC
 params digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to
 the MLflow parent run; the served tasks' teacher and student are logged as MLflow pyfunc models.
 """
-import hashlib
 import json
-import platform
-from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
-from lib.config.params import Params
-from lib.core import runtime, tracking
+from lib.core import runtime
 from lib.core.errors import UserError, run_main
-from lib.core.io import atomic_dir, write_csv, write_json
+from lib.core.io import atomic_dir, write_json
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
-from lib.evaluation.report import write_report
+from lib.evaluation.report import describe_provenance, starting_point, write_plots, write_report
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
@@ -68,7 +62,8 @@ def main() -> None:
                       if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
                                           lm_tokenizer, special, params)
-        provenance = {**describe_provenance(args.params, params, run, runtime_facts), "started from": starting_point(lm_metrics)}
+        provenance = {**describe_provenance(args.params, params, run, runtime_facts),
+                      "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
         for folder, artifact in pyfunc_models(results, args.teachers, args.students):
             run.log_model(log_pyfunc, folder, artifact)
@@ -88,72 +83,11 @@ def read_json(path: Path) -> dict:
         raise UserError(f"{path}: cannot read it ({err}); run the stage that writes it first (dvc repro)") from None
 
 
-def describe_provenance(params_path: str | Path, params: Params, run: tracking.StageRun,
-                        runtime_facts: dict) -> dict[str, str]:
-    """What produced this report, for its header, so that a copy read later says whether it is current:
-    the commit (as the MLflow runs are tagged), date, DVC experiment, params, MLflow parent run, machine."""
-    tags = tracking.run_tags("evaluate", params)
-    dirty = " with uncommitted changes" if tags["git.dirty"] == "true" else ""
-    gpu = f"; GPU {torch.cuda.get_device_name()}" if runtime_facts["device"] == "cuda" else ""
-    return {"commit": f"`{tags['git.commit'][:12]}`{dirty}",
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "DVC experiment": f"`{tags['dvc.exp_name']}`",
-            "params.yaml": f"sha256 `{hashlib.sha256(Path(params_path).read_bytes()).hexdigest()[:12]}`",
-            "MLflow parent run": f"`{run.parent_id}`" if run.parent_id else "none (tracking off or MLflow unavailable)",
-            "machine": f"CPU {cpu_model()}, {runtime_facts['threads']} threads{gpu}; "
-                       f"models scored in {runtime_facts['precision']}"}
-
-
-def starting_point(lm_metrics: dict[str, dict]) -> str:
-    """Where the language model every classifier here was finetuned from started, and what followed."""
-    pretrain, adapt = lm_metrics["pretrain"], lm_metrics["adapt"]
-    if "init" in pretrain:
-        start = (f"the published checkpoint `{pretrain['init']}` ({pretrain['family']}), "
-                 + ("kept as it is" if pretrain.get("kept") else
-                    f"pretrained further with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"))
-    else:
-        start = f"random weights, pretrained with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"
-    if adapt.get("enabled", True):
-        return f"{start}; adapted to the domain with {adapt['objective']} on {adapt['tokens_seen']:,} tokens"
-    return f"{start}; not adapted (adapt.enabled: false)"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:
     write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names", "scatter")}
                               for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
-        # a declared output, so there even where no task has a confusion matrix (regression, span QA)
-        (tmp / "confusion").mkdir()
-        scores, speed = [], []
-        for name, r in results.items():
-            split = next(iter(r["splits"]))
-            for model, s in r["splits"][split]["scores"].items():
-                scores.append([f"{name}/{model}", s[r["metric"]]])
-            for role, e in r["efficiency"].items():
-                speed.append([f"{name}/{role}", e["cpu"]["p50_ms"], r["splits"][split]["scores"][role][r["metric"]]])
-            for role, matrix in r["confusion"].items():
-                labels = r["label_names"]
-                write_csv(tmp / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
-                          [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
-                           for _ in range(n)])
-            for role, pairs in r.get("scatter", {}).items():  # regression: predicted vs gold
-                write_csv(tmp / "predicted_vs_gold" / f"{name}_{role}.csv", ["gold", "predicted"], pairs)
-            for role, f1 in r.get("per_type", {}).items():  # tagging: F1 per entity type
-                write_csv(tmp / "entity_f1" / f"{name}_{role}.csv", ["entity_type", "f1"], sorted(f1.items()))
-        write_csv(tmp / "scores.csv", ["model", "score"], scores)
-        write_csv(tmp / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
+        write_plots(results, tmp)
     with atomic_dir(args.report) as tmp:
         write_report(results, tmp, warnings, provenance)
     parent = run.parent()

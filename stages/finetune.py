@@ -7,12 +7,10 @@ For every task in finetune.tasks it loads the labeled data as its type reads it 
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
 - an MLflow child run per task x variant x seed under this stage's run.
-A finished run is kept in --checkpoints, so a killed stage started again skips what it had done, and
-a run in progress resumes after its last finished epoch.
+A finished run is kept in --checkpoints (lib/training/finetune_runs.py), so a killed stage started again
+skips what it had done, and a run in progress resumes after its last finished epoch.
 """
-import json
 import shutil
-import statistics
 
 from lib.core import runtime
 from lib.core.errors import run_main
@@ -21,14 +19,13 @@ from lib.core.progress import Progress, RunTimes, duration
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.classifier import load_classifier, save_classifier
+from lib.models.classifier import load_classifier
 from lib.models.folder import MODEL_FILE, load_model
 from lib.tasks import check_tasks, task_metrics, task_type
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
-from lib.training.finetune import RunResult, run_name, run_variant
-
-BEST = "best"
+from lib.training.finetune import RunResult, run_name
+from lib.training.finetune_runs import BEST, dev_curves, finetune_once, summarise
 
 
 def main() -> None:
@@ -76,8 +73,9 @@ def main() -> None:
                 for seed in seeds:
                     distributed.say(context, f"finetune: {run_name(name, variant, seed)} "
                                              f"(run {runs.done + 1} of {len(kinds)})")
-                    results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), adapted, params, device,
-                                                 special["pad"], args, run_id, run, context))
+                    results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), adapted, params,
+                                                 device, special["pad"], args.checkpoints, args.model, run_id, run,
+                                                 context))
                     times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
                     runs.update(runs.done + 1)
                     known, untimed = times.left(kinds[runs.done:])
@@ -92,76 +90,6 @@ def main() -> None:
             shutil.rmtree(args.checkpoints, ignore_errors=True)  # the outputs are complete: nothing left to resume
 
 
-def finetune_once(name, variant, seed, task, metric_names, adapted, params, device, pad_id, args, run_id,
-                  run, context) -> RunResult:
-    """One task x variant x seed: the result kept in --checkpoints if this configuration has it,
-    else trained now. The task's best classifier so far (by dev score) is kept there too. Under
-    torchrun every rank trains it; rank 0 alone writes."""
-    task_dir = args.checkpoints / name
-    saved, epochs = task_dir / f"{variant}-seed{seed}.json", task_dir / f"{variant}-seed{seed}"
-    if saved.is_file():
-        record = json.loads(saved.read_text(encoding="utf-8"))
-        if record["fingerprint"] == run_id:
-            distributed.say(context, f"finetune: {run_name(name, variant, seed)}: done in an earlier run, kept")
-            return RunResult(**record["result"])
-    child = run.child(f"{name}/{variant}/seed{seed}", {"task": name, "variant": variant, "seed": seed},
-                      {"pipeline.role": "finetune-run"})
-
-    def on_epoch(row: dict) -> None:
-        distributed.say(context, f"finetune: {run_name(name, variant, seed)} epoch {row['epoch']}: "
-            f"train loss {row['train_loss']:.4f}  "
-            + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")))
-        child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
-
-    try:
-        result, model = run_variant(variant, task, metric_names, adapted, params.finetune, params.impl, device, seed,
-                                    pad_id, epochs, run_id, on_epoch, context)
-    except BaseException:
-        child.finish("FAILED")
-        raise
-    child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
-                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()}})
-    child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
-    child.finish("FINISHED")
-    distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
-        f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)")
-    if not context.main:
-        return result
-    best_record = task_dir / f"{BEST}.json"
-    best = json.loads(best_record.read_text(encoding="utf-8")) if best_record.is_file() else None
-    score = result.dev[metric_names[0]]
-    if best is None or best["fingerprint"] != run_id or score > best["dev_score"]:
-        meta = {"task": name, "type": task.type, "info": task.info, "label_names": task.label_names,
-                "variant": variant, "seed": seed,
-                "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
-                "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
-                                                                           "text_pair_field")}}
-        print(f"{name}: {task_dir / BEST} as {save_classifier(model, task_dir / BEST, args.model, meta)}", flush=True)
-        write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
-    write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
-    shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again
-    return result
-
-
-def summarise(task, metric_names: list[str], results: list[RunResult]) -> dict:
-    """Per variant: the evaluation split's metrics (and dev's) as mean, std (over seeds) and per seed."""
-    def stats(values: list[float]) -> dict:
-        return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                "seeds": values}
-
-    variants = {}
-    for variant in dict.fromkeys(r.variant for r in results):
-        runs = [r for r in results if r.variant == variant]
-        summary = {"dev": {m: stats([r.dev[m] for r in runs]) for m in metric_names},
-                   "best_epoch": [r.best_epoch for r in runs], "seconds": sum(r.seconds for r in runs)}
-        if task.eval is not None:
-            summary["eval"] = {m: stats([r.eval[m] for r in runs]) for m in metric_names}
-        variants[variant] = summary
-    return {"metric": metric_names[0], "eval_split": task.eval_split if task.eval is not None else None,
-            "train_examples": task.size("train"), "dev_examples": task.size("dev"), "eval_examples": task.size("eval"),
-            "skipped": task.skipped, "truncated": task.truncated, "variants": variants}
-
-
 def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: list[str], args, run) -> None:
     with atomic_dir(args.out) as tmp:
         for name in metrics:
@@ -170,14 +98,7 @@ def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: l
     write_json(args.metrics, metrics)
     with atomic_dir(args.plots) as plots:  # whole: a task no longer finetuned leaves no curve behind
         for name, results in curves.items():
-            rows = []
-            for epoch in range(max(len(r.dev_curve) for r in results)):
-                row = [epoch + 1]
-                for variant in variants:
-                    values = [r.dev_curve[epoch] for r in results if r.variant == variant and len(r.dev_curve) > epoch]
-                    row.append(statistics.fmean(values) if values else "")
-                rows.append(row)
-            write_csv(plots / f"{name}.csv", ["epoch", *variants], rows)
+            write_csv(plots / f"{name}.csv", ["epoch", *variants], dev_curves(results, variants))
     run.log_metrics({f"{task}.{variant}.{split}_{metric}": stats["mean"]
                      for task, m in metrics.items() for variant, v in m["variants"].items()
                      for split in ("dev", "eval") if split in v for metric, stats in v[split].items()})

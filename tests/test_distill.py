@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lib.training.distill as distill
-import stages.distill
+import lib.training.distill_runs as distill_runs
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
 from lib.core import tracking
 from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
@@ -393,7 +393,7 @@ def test_unlabeled_transfer_text_is_for_classification_only(tmp_path):
 
 
 def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
-    """stages.distill.distill_once on a regression task read from a source folder: the task is read as
+    """distill_runs.distill_once on a regression task read from a source folder: the task is read as
     its type reads it, the student learns in the teacher's target scale (the teacher's saved info wins
     over a recomputed one) and is saved with the type and that info; a teacher of another type is refused."""
     g, vocabulary = torch.Generator().manual_seed(0), tasktype_helpers.WORDS
@@ -418,7 +418,7 @@ def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
             "encoding": {"max_len": 24}}
     save_classifier(teacher, tmp_path / "teacher", tmp_path / "tokenizer", meta)
     teacher, info = load_classifier(tmp_path / "teacher")
-    result = stages.distill.distill_once("sts", task_cfg, teacher, info, tmp_path / "teacher", params,
+    result = distill_runs.distill_once("sts", task_cfg, teacher, info, tmp_path / "teacher", params,
                                          torch.device("cpu"), tmp_path / "ckpt", "fp", tracking.StageRun(), Context())
     assert result.transfer == {"labeled": len(task.train), "unlabeled": 0} and result.confusion is None
     assert math.isfinite(result.student["dev"]["pearson"])
@@ -426,10 +426,10 @@ def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
     assert saved["type"] == "regression" and saved["info"] == pytest.approx(saved_info)
     student, _ = load_classifier(tmp_path / "ckpt" / "student")
     assert student.backbone.cfg.n_layers == DISTILL.layers
-    assert stages.distill.summarise(result, ["pearson"], info)["metric"] == "pearson"
+    assert distill_runs.summarise(result, ["pearson"], info)["metric"] == "pearson"
 
     with pytest.raises(UserError, match=r"tasks.sts.type: regression, but the teacher .* was finetuned as "
                                         r"classification"):
-        stages.distill.distill_once("sts", task_cfg, teacher, {**info, "type": "classification"}, tmp_path / "teacher",
+        distill_runs.distill_once("sts", task_cfg, teacher, {**info, "type": "classification"}, tmp_path / "teacher",
                                     params, torch.device("cpu"), tmp_path / "ckpt2", "fp", tracking.StageRun(),
                                     Context())

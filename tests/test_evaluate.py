@@ -12,6 +12,7 @@ from lib.config.params import EvaluateConfig, FinetuneConfig, Params, TaskConfig
 from lib.core import tracking
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
+from lib.evaluation.report import describe_provenance, starting_point
 from lib.tasks import TYPES, task_metrics
 from tests.helpers import tiny_tokenizer, write_jsonl_gz
 
@@ -77,24 +78,24 @@ def test_provenance_names_commit_experiment_params_run_and_machine(tmp_path, mon
     monkeypatch.setattr(tracking, "run_tags", lambda stage, params: {"git.commit": "0123456789abcdef", "git.dirty": "true",
                                                              "dvc.exp_name": "wordpiece"})
     facts = {"device": "cpu", "threads": 2, "precision": "fp32"}
-    about = stages.evaluate.describe_provenance(str(params), None, tracking.StageRun(run_id="r", parent_id="p1"), facts)
+    about = describe_provenance(str(params), None, tracking.StageRun(run_id="r", parent_id="p1"), facts)
     assert about["commit"] == "`0123456789ab` with uncommitted changes"
     assert about["DVC experiment"] == "`wordpiece`" and about["MLflow parent run"] == "`p1`"
     assert about["params.yaml"] == "sha256 `adf0396d435b`"  # sha256sum of 'seed: 1\n'
     assert about["machine"].startswith("CPU ") and about["machine"].endswith("2 threads; models scored in fp32")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", about["date"])
-    untracked = stages.evaluate.describe_provenance(params, None, tracking.StageRun(), facts)
+    untracked = describe_provenance(params, None, tracking.StageRun(), facts)
     assert untracked["MLflow parent run"] == "none (tracking off or MLflow unavailable)"
 
 
 def test_report_says_where_the_language_model_started():
     scratch = {"pretrain": {"objective": "clm", "tokens_seen": 4_500_000},
                "adapt": {"objective": "clm", "tokens_seen": 2_400_000}}
-    assert stages.evaluate.starting_point(scratch) == ("random weights, pretrained with clm on 4,500,000 tokens; "
+    assert starting_point(scratch) == ("random weights, pretrained with clm on 4,500,000 tokens; "
                                                        "adapted to the domain with clm on 2,400,000 tokens")
     checkpoint = {"pretrain": {"init": "hf:org/bert", "family": "bert", "kept": True, "objective": "mlm"},
                   "adapt": {"enabled": False, "objective": "mlm"}}
-    assert stages.evaluate.starting_point(checkpoint) == ("the published checkpoint `hf:org/bert` (bert), kept as it "
+    assert starting_point(checkpoint) == ("the published checkpoint `hf:org/bert` (bert), kept as it "
                                                           "is; not adapted (adapt.enabled: false)")
 
 

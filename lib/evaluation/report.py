@@ -6,6 +6,9 @@ between two models looks like one.
 """
 from __future__ import annotations
 
+import hashlib
+import platform
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+import torch  # noqa: E402
+
+from lib.config.params import Params  # noqa: E402
+from lib.core import tracking  # noqa: E402
+from lib.core.io import write_csv  # noqa: E402
 from lib.tasks import TYPES  # noqa: E402
 
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
@@ -58,6 +66,73 @@ def fmt(score: dict[str, Any] | None, metric: str) -> str:
         text += f" ± {100 * score[f'{metric}_std']:.1f}"
     return text
 
+
+def write_plots(results: dict[str, Any], out_dir: Path) -> None:
+    """DVC plot data into out_dir: scores.csv and speed.csv over every task's models, and per task and
+    model its confusion matrix (one row per item: actual, predicted), predicted vs gold (regression) and F1
+    per entity type (tagging)."""
+    # a declared output, so there even where no task has a confusion matrix (regression, span QA)
+    (out_dir / "confusion").mkdir()
+    scores, speed = [], []
+    for name, r in results.items():
+        split = next(iter(r["splits"]))
+        for model, s in r["splits"][split]["scores"].items():
+            scores.append([f"{name}/{model}", s[r["metric"]]])
+        for role, e in r["efficiency"].items():
+            speed.append([f"{name}/{role}", e["cpu"]["p50_ms"], r["splits"][split]["scores"][role][r["metric"]]])
+        for role, matrix in r["confusion"].items():
+            labels = r["label_names"]
+            write_csv(out_dir / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
+                      [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
+                       for _ in range(n)])
+        for role, pairs in r.get("scatter", {}).items():
+            write_csv(out_dir / "predicted_vs_gold" / f"{name}_{role}.csv", ["gold", "predicted"], pairs)
+        for role, f1 in r.get("per_type", {}).items():
+            write_csv(out_dir / "entity_f1" / f"{name}_{role}.csv", ["entity_type", "f1"], sorted(f1.items()))
+    write_csv(out_dir / "scores.csv", ["model", "score"], scores)
+    write_csv(out_dir / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
+
+
+def describe_provenance(params_path: str | Path, params: Params, run: tracking.StageRun,
+                        runtime_facts: dict) -> dict[str, str]:
+    """What produced this report, for its header, so that a copy read later says whether it is current:
+    the commit (as the MLflow runs are tagged), date, DVC experiment, params, MLflow parent run, machine."""
+    tags = tracking.run_tags("evaluate", params)
+    dirty = " with uncommitted changes" if tags["git.dirty"] == "true" else ""
+    gpu = f"; GPU {torch.cuda.get_device_name()}" if runtime_facts["device"] == "cuda" else ""
+    return {"commit": f"`{tags['git.commit'][:12]}`{dirty}",
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "DVC experiment": f"`{tags['dvc.exp_name']}`",
+            "params.yaml": f"sha256 `{hashlib.sha256(Path(params_path).read_bytes()).hexdigest()[:12]}`",
+            "MLflow parent run": f"`{run.parent_id}`" if run.parent_id else "none (tracking off or MLflow unavailable)",
+            "machine": f"CPU {cpu_model()}, {runtime_facts['threads']} threads{gpu}; "
+                       f"models scored in {runtime_facts['precision']}"}
+
+
+def starting_point(lm_metrics: dict[str, dict]) -> str:
+    """Where the language model every classifier here was finetuned from started, and what followed."""
+    pretrain, adapt = lm_metrics["pretrain"], lm_metrics["adapt"]
+    if "init" in pretrain:
+        start = (f"the published checkpoint `{pretrain['init']}` ({pretrain['family']}), "
+                 + ("kept as it is" if pretrain.get("kept") else
+                    f"pretrained further with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"))
+    else:
+        start = f"random weights, pretrained with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"
+    if adapt.get("enabled", True):
+        return f"{start}; adapted to the domain with {adapt['objective']} on {adapt['tokens_seen']:,} tokens"
+    return f"{start}; not adapted (adapt.enabled: false)"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = (),
              provenance: dict[str, str] | None = None) -> str:

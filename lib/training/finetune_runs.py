@@ -1,0 +1,108 @@
+"""The finetune stage's runs: each task x variant x seed trained once (lib/training/finetune.py), kept with
+its result under the stage's checkpoints folder so a stage started again skips it, the task's best model
+by dev score kept beside them, and the runs of a task summarised over seeds.
+
+A kept run is reused only by a stage with the same fingerprint (params, starting model, device).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import torch
+
+from lib.config.params import Params
+from lib.core.io import write_json
+from lib.core.tracking import StageRun
+from lib.models.classifier import save_classifier
+from lib.models.transformer import Transformer
+from lib.tasks.base import TaskData
+from lib.training import distributed
+from lib.training.distributed import Context
+from lib.training.finetune import RunResult, run_name, run_variant
+
+BEST = "best"  # the folder, under a task's, of its best model so far
+
+
+def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_names: list[str], adapted: Transformer,
+                  params: Params, device: torch.device, pad_id: int, checkpoints: Path, tokenizer_dir: Path,
+                  run_id: str, run: StageRun, context: Context) -> RunResult:
+    """One task x variant x seed: the result kept in `checkpoints` if this configuration (`run_id`) has it,
+    else trained now, as a child of `run`. The task's best model so far (by dev score) is kept there too,
+    with the tokenizer of `tokenizer_dir`. Under torchrun every rank trains it; rank 0 alone writes."""
+    task_dir = checkpoints / name
+    saved, epochs = task_dir / f"{variant}-seed{seed}.json", task_dir / f"{variant}-seed{seed}"
+    if saved.is_file():
+        record = json.loads(saved.read_text(encoding="utf-8"))
+        if record["fingerprint"] == run_id:
+            distributed.say(context, f"finetune: {run_name(name, variant, seed)}: done in an earlier run, kept")
+            return RunResult(**record["result"])
+    child = run.child(f"{name}/{variant}/seed{seed}", {"task": name, "variant": variant, "seed": seed},
+                      {"pipeline.role": "finetune-run"})
+
+    def on_epoch(row: dict) -> None:
+        distributed.say(context, f"finetune: {run_name(name, variant, seed)} epoch {row['epoch']}: "
+            f"train loss {row['train_loss']:.4f}  "
+            + "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith("dev_")))
+        child.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=row["epoch"])
+
+    try:
+        result, model = run_variant(variant, task, metric_names, adapted, params.finetune, params.impl, device, seed,
+                                    pad_id, epochs, run_id, on_epoch, context)
+    except BaseException:
+        child.finish("FAILED")
+        raise
+    child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
+                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()}})
+    child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
+    child.finish("FINISHED")
+    distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
+        f"{task.eval_split} {result.eval} ({result.seconds:.0f} s)")
+    if not context.main:
+        return result
+    best_record = task_dir / f"{BEST}.json"
+    best = json.loads(best_record.read_text(encoding="utf-8")) if best_record.is_file() else None
+    score = result.dev[metric_names[0]]
+    if best is None or best["fingerprint"] != run_id or score > best["dev_score"]:
+        meta = {"task": name, "type": task.type, "info": task.info, "label_names": task.label_names,
+                "variant": variant, "seed": seed,
+                "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
+                "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
+                                                                           "text_pair_field")}}
+        print(f"{name}: {task_dir / BEST} as {save_classifier(model, task_dir / BEST, tokenizer_dir, meta)}", flush=True)
+        write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
+    write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
+    shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again
+    return result
+
+def summarise(task: TaskData, metric_names: list[str], results: list[RunResult]) -> dict:
+    """Per variant: the evaluation split's metrics (and dev's) as mean, std (over seeds) and per seed."""
+    def stats(values: list[float]) -> dict:
+        return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "seeds": values}
+
+    variants = {}
+    for variant in dict.fromkeys(r.variant for r in results):
+        runs = [r for r in results if r.variant == variant]
+        summary = {"dev": {m: stats([r.dev[m] for r in runs]) for m in metric_names},
+                   "best_epoch": [r.best_epoch for r in runs], "seconds": sum(r.seconds for r in runs)}
+        if task.eval is not None:
+            summary["eval"] = {m: stats([r.eval[m] for r in runs]) for m in metric_names}
+        variants[variant] = summary
+    return {"metric": metric_names[0], "eval_split": task.eval_split if task.eval is not None else None,
+            "train_examples": task.size("train"), "dev_examples": task.size("dev"), "eval_examples": task.size("eval"),
+            "skipped": task.skipped, "truncated": task.truncated, "variants": variants}
+
+
+def dev_curves(results: list[RunResult], variants: list[str]) -> list[list]:
+    """Per epoch: [epoch, each variant's dev metric as the mean over its seeds ("" past its last epoch)]."""
+    rows = []
+    for epoch in range(max(len(r.dev_curve) for r in results)):
+        row = [epoch + 1]
+        for variant in variants:
+            values = [r.dev_curve[epoch] for r in results if r.variant == variant and len(r.dev_curve) > epoch]
+            row.append(statistics.fmean(values) if values else "")
+        rows.append(row)
+    return rows
