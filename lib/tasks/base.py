@@ -95,12 +95,12 @@ def _carve_dev(hashes: list[int], fraction: float, dev_max: int) -> set[int]:
     return set(dev)
 
 
-def smallest_hashes(ids: list[int], hashes: list[int], labels: list[int], limit: int | None) -> list[int]:
-    """The `limit` of `ids` with the smallest hash, in their original order. The label breaks ties
-    (identical texts), so the choice does not depend on row order."""
+def smallest_hashes(ids: list[int], hashes: list[int], ties: list, limit: int | None) -> list[int]:
+    """The `limit` of `ids` with the smallest hash, in their original order. `ties` (a type's `tie`:
+    classification's class index) orders identical texts, so the choice does not depend on row order."""
     if limit is None or len(ids) <= limit:
         return ids
-    kept = set(sorted(ids, key=lambda i: (hashes[i], labels[i]))[:limit])
+    kept = set(sorted(ids, key=lambda i: (hashes[i], ties[i]))[:limit])
     return [i for i in ids if i in kept]
 
 
