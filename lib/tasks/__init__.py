@@ -20,9 +20,9 @@ A type says, for lib/training/finetune.py's one fit loop:
 A new type is one module here with a TaskType subclass and its TYPE, and its entry in TYPES below.
 No other file names a type (tests/test_layout.py fails on a type's name as a string outside lib/tasks/).
 """
-from lib.config.params import Params, TaskConfig, check_choice
+from lib.config.params import Params, ParamsError, TaskConfig, check_choice
 from lib.tasks import classification, multiple_choice, regression, span_qa, tagging
-from lib.tasks.base import ParamsError, TaskType
+from lib.tasks.base import TaskType
 
 TYPES: dict[str, TaskType] = {t.name: t for t in (classification.TYPE, regression.TYPE, tagging.TYPE, span_qa.TYPE,
                                                   multiple_choice.TYPE)}
@@ -30,6 +30,7 @@ DEFAULT_TYPE = classification.TYPE.name  # a task's type where params.yaml names
 
 
 def task_type(cfg: TaskConfig) -> TaskType:
+    """The task's type (null in params: DEFAULT_TYPE)."""
     return TYPES[cfg.type or DEFAULT_TYPE]
 
 
