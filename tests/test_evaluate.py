@@ -255,15 +255,14 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
 
 
 def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path):
-    """train_items selects as the type's load does: the same number of train items, none of dev's, and
-    all of train but dev when finetuning takes all of it."""
-    from lib.evaluation.evaluate import train_items
-
+    """select, which gives the baselines their train items, selects as the type's load does: the same
+    number of train items, none of dev's, and all of train but dev when finetuning takes all of it."""
     task_cfg, _, models = typed_task("tagging", tmp_path)
     tokenizer, special = load_tokenizer(models["teacher"]), saved_special_ids(models["teacher"])
     for limit in (20, None):
         task = TYPES["tagging"].load("toy", task_cfg, tokenizer, special, dev_fraction=0.25, dev_max=100, max_train=limit)
-        train, full = train_items("toy", task_cfg, dev_fraction=0.25, dev_max=100, max_train=limit)
+        train, full = (TYPES["tagging"].select("toy", task_cfg, dev_fraction=0.25, dev_max=100, max_train=n).train
+                       for n in (limit, None))
         assert len(train) == len(task.train) and len(full) == 40 - len(task.references["dev"])
         assert not {tuple(s.words) for s in train} & {tuple(s.words) for s in task.references["dev"]}
 

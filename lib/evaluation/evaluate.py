@@ -60,7 +60,8 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     # teacher and student are of one family: the examples are encoded for it (tagging's causal layout)
     causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)
-    train, full_train = train_items(name, task_cfg, max_train=ft.train_limit(name), **selection)
+    # the baselines also learn from all of train but dev; finetune's train is each split's task's
+    full_train = kind.select(name, task_cfg, **selection).train
     scored_models = {**{role: model for role, (model, _) in loaded.items()},
                      **{role: classifier.model for role, (classifier, _) in onnx.items() if role == INT8_ROLE}}
     infos = {**{role: info for role, (_, info) in loaded.items()}, INT8_ROLE: loaded.get("student", (None, {}))[1]}
@@ -76,6 +77,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
         first = not result["splits"]
         if first and kind.class_names(task):  # what the confusion matrices' rows and columns are
             result["label_names"] = kind.class_names(task)
+        train = task.references["train"]
         entry: dict[str, Any] = {"examples": len(task.references["eval"]), "train_examples": len(train),
                                  "full_train_examples": len(full_train), "scores": {}}
         for role, model in scored_models.items():
@@ -180,14 +182,6 @@ def score_model(entry: dict, result: dict, role: str, model, task: TaskData, met
     scatter = kind.scatter(task, predicted) if first else None
     if scatter is not None:
         result.setdefault("scatter", {})[role] = scatter
-
-
-def train_items(name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int,
-                max_train: int | None) -> tuple[list, list]:
-    """(the train items finetune trains on, all of train but the dev carve), as the type's `load` selects
-    them, without encoding them: the baselines learn from the raw items."""
-    return tuple(task_type(cfg).select(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=limit).train
-                 for limit in (max_train, None))
 
 
 def as_saved(task: TaskData, info: dict[str, Any], where: str) -> TaskData:
