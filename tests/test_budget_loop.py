@@ -13,7 +13,7 @@ from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
-from lib.training.budget_loop import Trainer, lr_multiplier, planned_tokens
+from lib.training.budget_loop import Trainer, flops_budget, lr_multiplier, planned_tokens
 from lib.training.checkpoint import KEEP, checkpoints
 from lib.training.optim import adamw, discriminative_groups, slanted_triangular
 
@@ -229,3 +229,13 @@ def test_a_corrupted_checkpoint_is_reported_and_the_one_before_is_used(packed, t
     [line] = [l for l in out.err.splitlines() if "corrupted" in l]
     assert "ckpt-000004" in line and "module.safetensors" in line and "trying the one before it" in line
     assert curve(state) == curve(whole)
+
+
+def test_a_flops_budget_buys_tokens_by_the_objective_cost():
+    assert flops_budget(CFG, 1e6, "pretrain") is CFG  # budget_flops null: the token budget decides
+    cfg = CFG.__class__(seq_len=16, batch_size=4, budget_flops=1e9)
+    assert flops_budget(cfg, 1e6, "pretrain").budget_tokens == 1000
+    assert flops_budget(cfg, 4e6, "pretrain").budget_tokens == 250  # 4x the cost: a quarter of the tokens
+    with pytest.raises(UserError, match=r"^pretrain.budget_flops: 1e\+09 buys 10 tokens at 1e\+08 FLOPs per token, "
+                                        r"less than one step \(64 tokens\); raise it$"):
+        flops_budget(cfg, 1e8, "pretrain")

@@ -232,6 +232,8 @@ def test_flops_per_token():
     d, ff, L = 32, 64, 2
     matmuls = L * (4 * d * d + 2 * d * ff) + d * d + d * VOCAB  # blocks + head dense + decoder
     assert model.flops_per_token(16) == 6 * matmuls + 12 * L * d * 16
+    head = d * d + d * VOCAB
+    assert model.flops_per_token(16, predicted=0.25) == 6 * (matmuls - 0.75 * head) + 12 * L * d * 16
 
 
 @pytest.mark.parametrize("overrides", [{}, {"position": "rope", "causal": True, "embedding_size": 8},

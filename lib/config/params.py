@@ -315,6 +315,9 @@ class TrainConfig(OptimizerConfig):
     lr_decay: float = 1.0  # discriminative LRs: each layer group's LR is the one above it / lr_decay
     decay_embeddings: bool = True  # weight decay on embedding matrices too (never on biases and norms)
     budget_tokens: int = 5_000_000  # training tokens; also the length of the LR schedule
+    # set: the run's budget in training FLOPs instead, counted per objective (Objective.flops_per_token),
+    # so objectives that cost more per token get fewer tokens; budget_tokens is then not used
+    budget_flops: float | None = None
     budget_minutes: float | None = None  # stop earlier when this much wall-clock time has passed
     eval_every: int = 100  # steps between validations
     eval_batches: int = 8  # the fixed validation set: this many batches of windows of the validation split
@@ -329,6 +332,8 @@ class TrainConfig(OptimizerConfig):
             raise ParamsError(f"{key}.lr/min_lr_ratio: need lr > 0 and 0 <= min_lr_ratio <= 1")
         if self.warmup_steps < 0:
             raise ParamsError(f"{key}.warmup_steps: {self.warmup_steps} must be >= 0")
+        if self.budget_flops is not None and self.budget_flops <= 0:
+            raise ParamsError(f"{key}.budget_flops: {self.budget_flops} must be > 0 (or null to budget in tokens)")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ParamsError(f"{key}.budget_minutes: {self.budget_minutes} must be > 0 (or null for none)")
         check_ulmfit_lr(self, key)

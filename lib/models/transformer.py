@@ -353,17 +353,21 @@ class Transformer(nn.Module):
             n -= sum(p.numel() for p in self.embeddings.parameters())
         return n
 
-    def flops_per_token(self, seq_len: int) -> float:
+    def flops_per_token(self, seq_len: int, predicted: float = 1.0) -> float:
         """Training FLOPs per token (forward + backward = 3 x 2 per multiply-add), PaLM appendix B:
         6 x the matmul weights a token passes through (a shared block counts n_layers times; the LM
-        head's decoder counts though it may be tied, since MFU is about compute) + 12 x n_layers x
-        d_model x seq_len for attention scores and values. The attention term is not halved for
-        causal models: PaLM's formula, itself for causal models, does not, so MFU stays comparable."""
-        def matmul_weights(module: nn.Module) -> int:
-            return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
-
+        head's decoder counts though it may be tied, since FLOPs are about compute) + 12 x n_layers x
+        d_model x seq_len for attention scores and values. `predicted`: the share of positions the LM
+        head runs on (MLM gathers the masked ones first; ELECTRA's discriminator runs it on none).
+        The attention term is not halved for causal models: PaLM's formula, itself for causal models,
+        does not, so MFU stays comparable."""
         cfg = self.cfg
-        per_layer = matmul_weights(self.blocks[0])
         padding = (cfg.padded_vocab - cfg.vocab_size) * cfg.embedding_dim  # computed, but not the model's work
-        dense = cfg.n_layers * per_layer + matmul_weights(self.project) + matmul_weights(self.head) - padding
-        return 6.0 * dense + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+        body = cfg.n_layers * matmul_weights(self.blocks[0]) + matmul_weights(self.project)
+        head = matmul_weights(self.head) - padding
+        return 6.0 * (body + predicted * head) + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+
+
+def matmul_weights(module: nn.Module) -> int:
+    """The weights of `module`'s Linear layers: multiply-adds per token through it."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))

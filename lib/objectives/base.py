@@ -37,6 +37,11 @@ class Objective(nn.Module):
         """The Transformer that later stages fine-tune."""
         raise NotImplementedError
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token of all this objective computes (what `pretrain.budget_flops`
+        spends and MFU counts): by default the backbone with its LM head at every position."""
+        return self.backbone().flops_per_token(seq_len)
+
     def start_from(self, imported: ImportedModel) -> None:
         """Take a published checkpoint's weights: its model as the backbone (an objective with parts of
         its own that a checkpoint may carry loads those too)."""

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from lib.config.params import Params
 from lib.models.hf import ImportedModel
-from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig
+from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig, matmul_weights
 from lib.objectives.base import Objective, register
 from lib.objectives.masking import mask_tokens, special_mask
 from lib.objectives.mlm import masked_lm_loss
@@ -88,6 +88,13 @@ class Electra(Objective):
 
     def backbone(self) -> Transformer:
         return self.discriminator
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """The generator with its LM head at the masked share of positions, the discriminator without
+        its LM head, and the replaced-token head at every position."""
+        generator = self.generator.flops_per_token(seq_len, predicted=self.masking.mask_rate)
+        discriminator = self.discriminator.flops_per_token(seq_len, predicted=0.0)
+        return generator + discriminator + 6.0 * matmul_weights(self.disc_head)
 
     def start_from(self, imported: ImportedModel) -> None:
         """A discriminator checkpoint also brings its replaced-token head; none brings a generator."""

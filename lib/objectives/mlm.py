@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lib.config.params import Params
-from lib.models.transformer import Transformer, TransformerConfig, init_weights
+from lib.models.transformer import Transformer, TransformerConfig, init_weights, matmul_weights
 from lib.objectives.base import Objective, register
 from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
 from lib.objectives.sentence import Pairs, sentence_pairs
@@ -63,6 +63,11 @@ class MaskedLM(Objective):
 
     def backbone(self) -> Transformer:
         return self.model
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """The vocabulary projection at the masked share of positions; the sentence head once a window."""
+        sentence = 6.0 * matmul_weights(self.sentence_head) / seq_len if self.masking.sentence != "none" else 0.0
+        return self.model.flops_per_token(seq_len, predicted=self.masking.mask_rate) + sentence
 
 
 def masked_lm_loss(model: Transformer, hidden: Tensor, masked: Masked) -> tuple[Tensor, Tensor, Tensor]:

@@ -8,6 +8,7 @@ the same loss curve step for step as a run that was never interrupted.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -20,6 +21,7 @@ from torch import nn
 
 from lib.config.params import ImplConfig, TrainConfig
 from lib.core import runtime
+from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.windows import WindowBatches
 from lib.training import distributed
@@ -40,6 +42,18 @@ class Callback(Protocol):
 def step_tokens(cfg: TrainConfig) -> int:
     """Tokens per optimizer step: the global batch."""
     return cfg.seq_len * cfg.batch_size * cfg.grad_accum
+
+
+def flops_budget(cfg: TrainConfig, flops_per_token: float, key: str) -> TrainConfig:
+    """cfg with budget_tokens set to what cfg.budget_flops buys at `flops_per_token` (cfg itself when
+    budget_flops is null): at equal FLOPs an objective that computes more per token trains on fewer."""
+    if cfg.budget_flops is None:
+        return cfg
+    tokens = int(cfg.budget_flops // flops_per_token)
+    if tokens < step_tokens(cfg):
+        raise UserError(f"{key}.budget_flops: {cfg.budget_flops:.3g} buys {tokens:,} tokens at {flops_per_token:.3g} "
+                        f"FLOPs per token, less than one step ({step_tokens(cfg):,} tokens); raise it")
+    return dataclasses.replace(cfg, budget_tokens=tokens)
 
 
 def planned_tokens(cfg: TrainConfig) -> int:

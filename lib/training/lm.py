@@ -24,10 +24,9 @@ from lib.data.packed import PackedTokens
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
-from lib.models.transformer import Transformer
 from lib.objectives import Objective, build_objective, fitting_objective, save_objective
 from lib.training import distributed
-from lib.training.budget_loop import Trainer, planned_tokens
+from lib.training.budget_loop import Trainer, flops_budget, planned_tokens
 from lib.training.checkpoint import fingerprint
 
 # curve -> its columns; a history row belongs to a curve when it has the curve's `<name>_loss`
@@ -56,13 +55,16 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     device = distributed.device_for(context, device)
     facts = runtime.configure(params.impl, device)
     run.log_params({"runtime": facts})
+    flops_per_token = objective.flops_per_token(cfg.seq_len)
+    cfg = flops_budget(cfg, flops_per_token, stage)
+    if cfg.budget_flops is not None and context.main:
+        print(f"{stage}: budget_flops {cfg.budget_flops:.3g} buys {objective.name} {cfg.budget_tokens:,} tokens "
+              f"at {flops_per_token:.3g} FLOPs per token", flush=True)
     train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
     window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
     train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
                           rows=context.share(cfg.batch_size, f"{stage}.batch_size"))
     valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches)
-    transformers = [m for m in objective.modules() if isinstance(m, Transformer)]
-    flops_per_token = sum(m.flops_per_token(cfg.seq_len) for m in transformers)
     tokenizer = tokenizer_sha256(paths.tokenizer)
     for packed in (train_tokens, valid_tokens):
         packed.check_tokenizer(tokenizer, paths.tokenizer)
@@ -90,7 +92,10 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
                "tokens_per_s": round(state.tokens / max(state.seconds, 1e-9), 1),
                "params": objective.backbone().num_params(), "device": device.type,
                "precision": trainer.precision, "threads": facts["threads"],
-               "tokens_planned": trainer.total_steps * trainer.step_tokens}
+               "tokens_planned": trainer.total_steps * trainer.step_tokens,
+               "flops_per_token": flops_per_token, "train_flops": state.tokens * flops_per_token}
+    if cfg.budget_flops is not None:
+        metrics["budget_flops"] = cfg.budget_flops
     if state.step < trainer.total_steps:  # the wall-clock safety stop ended it: say so wherever results are read
         metrics["stopped_early"] = (f"{stage}.budget_minutes ({cfg.budget_minutes:g}) stopped it after "
                                     f"{state.tokens:,} of {metrics['tokens_planned']:,} planned tokens, so its results "
