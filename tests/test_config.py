@@ -272,3 +272,16 @@ def test_distill_can_take_some_of_the_finetuned_tasks(chdir_root, tmp_path, defa
     assert load(tmp_path, default_params).distill.tasks == ["sst2"]
     default_params["distill"]["tasks"] = []
     assert "distill.tasks: [] must be a non-empty list without repeats (or null" in error_of(tmp_path, default_params)
+
+
+def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_params):
+    """`dvc exp run -S finetune.with_init.plain_lr=2e-5` writes `2e-05` back (YAML 1.2), which PyYAML
+    reads as a string; so does a hand-typed `1e14`. Float fields take them; other strings still fail."""
+    default_params["pretrain"]["budget_flops"] = 1
+    path = write_params(tmp_path / "params.yaml", default_params)
+    text = path.read_text().replace("budget_flops: 1\n", "budget_flops: 1e14\n", 1)
+    path.write_text(text.replace("plain_lr: ", "plain_lr: 2e-05 #", 1))
+    params = load_params(path, CHECKS)
+    assert params.pretrain.budget_flops == 1e14 and params.finetune.plain_lr == 2e-5
+    default_params["pretrain"]["budget_flops"] = "1e14 FLOPs"
+    assert "pretrain.budget_flops: expected a number, got str '1e14 FLOPs'" in error_of(tmp_path, default_params)

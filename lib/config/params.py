@@ -22,6 +22,9 @@ from lib.core.errors import UserError
 Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
+# A float in YAML 1.2 that PyYAML (YAML 1.1) reads as a string: 2e-05 and 1e14 have no dot or no exponent
+# sign. DVC writes `-S` values back this way (ruamel, YAML 1.2), so a float field takes them as numbers.
+YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a task's name is a folder and file name of its outputs
 
 
@@ -752,6 +755,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ParamsError(f"{key}: expected an integer, got {_describe(value)}")
         return value
     if tp is float:
+        if isinstance(value, str) and YAML12_FLOAT.fullmatch(value):
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ParamsError(f"{key}: expected a number, got {_describe(value)}")
         return float(value)
