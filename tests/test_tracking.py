@@ -126,6 +126,15 @@ def test_experiments_group_separately(store, monkeypatch):
     assert sorted(r.data.tags["dvc.exp_name"] for r in parents) == ["exp-a", "exp-b"]
 
 
+def test_runs_are_tagged_with_the_objective_and_init_they_compare(store):
+    stage("clean", {"objective": "electra", "init": None})
+    stage("clean", {"objective": "mlm", "init": "hf:org/model"})
+    tagged = sorted((r.data.tags["pipeline.role"], r.data.tags["pipeline.objective"], r.data.tags.get("pipeline.init"))
+                    for r in runs(store))
+    assert tagged == [("pipeline", "electra", None), ("pipeline", "mlm", "hf:org/model"),
+                      ("stage", "electra", None), ("stage", "mlm", "hf:org/model")]
+
+
 def test_failed_stage_marks_runs_failed(store):
     with pytest.raises(RuntimeError):
         with tracking.stage_run("clean", TrackingConfig(), {}, {}):

@@ -115,10 +115,13 @@ def run_tags(stage: str, all_params: Any) -> dict[str, str]:
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".",
                       *(f":(exclude){path}" for path in PIPELINE_OUTPUTS)))
     exp = os.environ.get("DVC_EXP_NAME", "")
-    params = json.dumps({k: str(v) for k, v in flatten(all_params).items()}, sort_keys=True)
+    flat = flatten(all_params)
+    params = json.dumps({k: str(v) for k, v in flat.items()}, sort_keys=True)
     digest = hashlib.sha256(params.encode()).hexdigest()[:12]
-    return {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
+    tags = {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
             "pipeline.key": f"{exp or 'workspace'}@{commit}/{digest}", "stage": stage}
+    # what experiments are compared by: a column and a filter in `mlflow ui` (tags.pipeline.objective = 'electra')
+    return tags | {f"pipeline.{key}": str(flat[key]) for key in ("objective", "init") if flat.get(key) is not None}
 
 
 def _clip(value: Any) -> str:
