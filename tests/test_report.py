@@ -11,6 +11,7 @@ RESULTS = {
         "splits": {"test": {"examples": 100, "train_examples": 3000, "full_train_examples": 24000, "scores": {
             "teacher": {"accuracy": 0.84}, "student": {"accuracy": 0.83},
             "ulmfit": {"accuracy": 0.8, "accuracy_std": 0.01}, "tfidf": {"accuracy": 0.86, "c": 4.0},
+            "from_scratch": {"accuracy": 0.78, "accuracy_std": 0.004}, "plain": {"accuracy": 0.775, "accuracy_std": 0.02},
             "tfidf_full_train": {"accuracy": 0.9, "c": 16.0}}}},
         "confusion": {"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]},
         "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU},
@@ -40,6 +41,10 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
     assert "keeps **98.8%** of the teacher's accuracy and is **2.00x** as fast" in text
     assert "| student (distilled) | 600 | 2.4 MB | 5.0 / 12.5 | 150 |" in text
     assert "`plain` (seed 1338)" in text and "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
+    assert ("Pretraining against from scratch (test accuracy, difference of the means; the spread is the larger std "
+            "over seeds): plain finetune -0.5 (within the seeds' spread of 2.0); ULMFiT +2.0 (beyond the seeds' spread "
+            "of 1.0).") in text
+    assert text.count("Pretraining against from scratch") == 1  # rte ran no from_scratch
 
 
 def test_gpu_timings_are_shown_where_evaluate_measured_them():
@@ -102,7 +107,7 @@ def test_scores_merge_the_tasks_with_one_model_into_one_panel(tmp_path, monkeypa
         "examples": 30, "train_examples": 80, "full_train_examples": 80, "scores": {"tfidf": {"mcc": -0.1}}}}}}
     report.scores_figure(tasks, tmp_path / "scores.png")
     imdb, shared = figures[0].axes
-    assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 5
+    assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 7
     assert [t.get_text() for t in shared.get_yticklabels()] == [
         "rte: TF-IDF + LR (all 2,233 train), accuracy on validation", "cola: TF-IDF + LR (all 80 train), mcc on validation"]
     assert imdb.get_xlim() == (0.0, 100.0) and shared.get_xlim() == (-15.0, 100.0)  # MCC may be negative

@@ -160,6 +160,7 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
             cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
             lines.append(f"| {row_label(model, r['splits'][splits[0]])} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += pretraining_gain(r)
         lines += no_answer_table(r)
         efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
         if efficiency:
@@ -195,6 +196,29 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
                       f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
     lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
     return "\n".join(lines)
+
+
+def pretraining_gain(r: dict[str, Any]) -> list[str]:
+    """How far each variant that starts from the pretrained model lands from `from_scratch` (the same
+    finetuning from random weights) on the first split's first metric, beside the seeds' spread: whether
+    pretraining helped. Nothing when from_scratch was not run."""
+    split_name = next(iter(r["splits"]))
+    scores, metric = r["splits"][split_name]["scores"], r["metrics"][0]
+    scratch = scores.get("from_scratch") or {}
+    if metric not in scratch:
+        return []
+    parts = []
+    for variant in ("plain", "ulmfit", "frozen"):
+        score = scores.get(variant) or {}
+        if metric in score:
+            diff = 100 * (score[metric] - scratch[metric])
+            spread = 100 * max(score.get(f"{metric}_std", 0.0), scratch.get(f"{metric}_std", 0.0))
+            verdict = "within" if abs(diff) <= spread else "beyond"
+            parts.append(f"{ROLES[variant]} {diff:+.1f} ({verdict} the seeds' spread of {spread:.1f})")
+    if not parts:
+        return []
+    return [f"Pretraining against from scratch ({split_name} {metric}, difference of the means; the spread is the "
+            "larger std over seeds): " + "; ".join(parts) + ".", ""]
 
 
 def no_answer_table(r: dict[str, Any]) -> list[str]:
