@@ -18,18 +18,26 @@ def repo(reproduced, tmp_path_factory):
 
 
 def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
-    """ELECTRA through the whole chain after it; finetune trains one variant (which ones do not change what
-    reruns: every stage after pretrain does)."""
-    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-S", "finetune.variants=[plain]", "-n", "electra")
+    """ELECTRA through the whole chain after it, on a budget of FLOPs (written `1e9`, which DVC keeps as
+    YAML 1.2 writes it); finetune trains one variant (which ones do not change what reruns: every stage
+    after pretrain does)."""
+    out = run(repo, "dvc", "exp", "run", "-S", "objective=electra", "-S", "pretrain.budget_flops=1e9",
+              "-S", "finetune.variants=[plain]", "-n", "electra")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     metrics = json.loads((repo / "metrics/pretrain.json").read_text())
     assert metrics["objective"] == "electra" and 0.5 < metrics["val_disc_accuracy"] <= 1.0
+    step = 32 * 8
+    bought = int(1e9 // metrics["flops_per_token"])
+    assert metrics["budget_flops"] == 1e9 and metrics["tokens_seen"] == -(-bought // step) * step
+    assert metrics["train_flops"] == metrics["tokens_seen"] * metrics["flops_per_token"]
+    assert f"pretrain: budget_flops 1e+09 buys electra {bought:,} tokens" in out
     assert (repo / "models/pretrain/objective.safetensors").is_file()  # the generator, for adapt
     adapt = json.loads((repo / "metrics/adapt.json").read_text())
     assert adapt["objective"] == "electra" and "val_replaced_recall" in adapt and "before_val_disc_loss" in adapt
     runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "electra"]
     assert [r.data.tags.get("stage") for r in runs if r.data.tags["pipeline.role"] == "stage"] == \
         ["pretrain", "adapt", "finetune", "distill", "evaluate"]  # the data stage had nothing to do: untracked
+    assert {r.data.tags["pipeline.objective"] for r in runs} == {"electra"}
     evaluate = json.loads((repo / "metrics/evaluate.json").read_text())
     assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
 

@@ -129,10 +129,13 @@ def test_experiments_group_separately(store, monkeypatch):
 def test_runs_are_tagged_with_the_objective_and_init_they_compare(store):
     stage("clean", {"objective": "electra", "init": None})
     stage("clean", {"objective": "mlm", "init": "hf:org/model"})
-    tagged = sorted((r.data.tags["pipeline.role"], r.data.tags["pipeline.objective"], r.data.tags.get("pipeline.init"))
+    with tracking.stage_run("finetune", TrackingConfig(), {"objective": "mlm", "init": "hf:org/model"}, {}) as run:
+        run.child("imdb/plain/seed1", {}, {"pipeline.role": "finetune-run"})
+    tagged = sorted((r.data.tags["pipeline.role"], r.data.tags["pipeline.objective"], r.data.tags.get("pipeline.init", ""))
                     for r in runs(store))
-    assert tagged == [("pipeline", "electra", None), ("pipeline", "mlm", "hf:org/model"),
-                      ("stage", "electra", None), ("stage", "mlm", "hf:org/model")]
+    assert tagged == [("finetune-run", "mlm", "hf:org/model"), ("pipeline", "electra", ""),
+                      ("pipeline", "mlm", "hf:org/model"), ("stage", "electra", ""), ("stage", "mlm", "hf:org/model"),
+                      ("stage", "mlm", "hf:org/model")]
 
 
 def test_failed_stage_marks_runs_failed(store):

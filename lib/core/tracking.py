@@ -245,8 +245,8 @@ class StageRun:
 
 
 _warned = False
-CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "stage",
-              OWNER_HOST, OWNER_PID)  # copied from the stage's run
+CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.objective", "pipeline.init",
+              "stage", OWNER_HOST, OWNER_PID)  # copied from the stage's run where it has them
 
 
 def warn(message: str) -> None:
