@@ -9,8 +9,8 @@ nothing, and only its neighbours tell a replaced one (it breaks the count). It t
 batches of 32 rows x 32 tokens.
 
 Printed, one line per position encoding and seed: the step at which the mean training `disc_auc` of the
-last 50 steps passes 0.8, or "> cap". It is a pure function of the seed; the machine's speed does not
-change it. docs/results/README.md ("ELECTRA's discriminator on the CPU") has the figures and what they mean.
+last 50 steps passes 0.8, or "> cap". The seed sets it, not the machine's speed.
+docs/results/README.md ("ELECTRA's discriminator on the CPU") has the figures and what they mean.
 """
 from __future__ import annotations
 
