@@ -97,9 +97,10 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     if cfg.budget_flops is not None:
         metrics["budget_flops"] = cfg.budget_flops
     if state.step < trainer.total_steps:  # the wall-clock safety stop ended it: say so wherever results are read
+        budget = "budget_flops" if cfg.budget_flops is not None else "budget_tokens"
         metrics["stopped_early"] = (f"{stage}.budget_minutes ({cfg.budget_minutes:g}) stopped it after "
                                     f"{state.tokens:,} of {metrics['tokens_planned']:,} planned tokens, so its results "
-                                    "depend on this machine's speed; raise the limit (or lower budget_tokens) and rerun")
+                                    f"depend on this machine's speed; raise the limit (or lower {budget}) and rerun")
         print(f"warning: {stage}: {metrics['stopped_early']}", flush=True)
     if objective.causal:
         metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 50.0))
