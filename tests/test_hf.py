@@ -10,7 +10,7 @@ import torch
 from lib.config.params import load_params
 from lib.core.errors import UserError
 from lib.models.folder import load_model, save_model
-from lib.models.hf import export_family, import_model, import_tokenizer, resolve
+from lib.models.hf import ARCHITECTURES, export_family, import_model, import_tokenizer, resolve
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.electra import Electra
 
@@ -48,7 +48,7 @@ def build(family: str, folder: Path):
     if family in ("bert", "electra", "distilbert"):
         transformers.AutoTokenizer.from_pretrained(MINILM).save_pretrained(folder)
         vocab = 30522
-    elif family in ("roberta", "roberta-prelayernorm"):
+    elif family in ("roberta", "roberta-prelayernorm", "esm"):
         vocab = bpe_tokenizer(folder, dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>", pad="<pad>",
                                            mask="<mask>"), roberta=True)
     else:
@@ -61,6 +61,12 @@ def build(family: str, folder: Path):
         config, head = ((transformers.RobertaConfig, transformers.RobertaForMaskedLM) if family == "roberta" else
                         (transformers.RobertaPreLayerNormConfig, transformers.RobertaPreLayerNormForMaskedLM))
         config = config(vocab_size=vocab, pad_token_id=pad_id, max_position_embeddings=66, type_vocab_size=1, **small)
+    elif family == "esm":
+        specials = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+        ids = {t["content"]: t["id"] for t in specials}
+        config = transformers.EsmConfig(vocab_size=vocab, pad_token_id=ids["<pad>"], mask_token_id=ids["<mask>"],
+                                        position_embedding_type="rotary", emb_layer_norm_before=True, **small)
+        head = transformers.EsmForMaskedLM
     elif family == "electra":
         config = transformers.ElectraConfig(vocab_size=vocab, embedding_size=16, **small)
         head = transformers.ElectraForMaskedLM  # the generator: discriminator weights + an MLM head
@@ -105,7 +111,7 @@ def compare(folder: Path, head_class=None) -> None:
     assert torch.equal(load_model(folder).embeddings.token.weight, imported.model.embeddings.token.weight)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "roberta-prelayernorm", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "electra", "roberta-prelayernorm", "gpt2", "esm"])
 def test_family_imports_exactly(family, tmp_path):
     head = build(family, tmp_path)
     compare(tmp_path, head)
@@ -200,6 +206,9 @@ EXPORTABLE = {
     "GPT-2": dict(causal=True, embedding_norm=False, lm_head="linear", segment_vocab=0, activation="gelu_tanh"),
     "no token types, untied (DistilBERT-like)": dict(norm="post", segment_vocab=0, norm_eps=1e-12,
                                                     tie_embeddings=False),
+    "pre-LN rope (ESM)": dict(position="rope", segment_vocab=0),
+    "pre-LN rope causal": dict(position="rope", segment_vocab=0, causal=True),
+    "pre-LN rope, no embedding LayerNorm": dict(position="rope", segment_vocab=0, embedding_norm=False),
 }
 
 
@@ -218,7 +227,7 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
-    head = transformers.AutoModelForCausalLM if cfg.causal else transformers.AutoModelForMaskedLM
+    head = getattr(transformers, ARCHITECTURES[export_family(cfg)[0]][cfg.causal])
     with torch.no_grad():
         ours = model(ids, None, mask)
         assert torch.equal(back(ids, None, mask), ours)
@@ -228,7 +237,8 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
 
 
-@pytest.mark.parametrize("shape", [dict(position="rope"), dict(position="alibi"), dict(share_layers=True)])
+@pytest.mark.parametrize("shape", [dict(position="rope", segment_vocab=2), dict(position="rope", norm="post"),
+                                   dict(position="alibi"), dict(share_layers=True)])
 def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(shape, tmp_path):
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
     family, reason = export_family(cfg)

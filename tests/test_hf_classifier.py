@@ -32,6 +32,7 @@ SHAPES = {
     "electra": ({**POST, "embedding_size": 16}, "ElectraForSequenceClassification"),
     "gpt2": ({"causal": True, "embedding_norm": False, "lm_head": "linear", "segment_vocab": 0},
              "GPT2ForSequenceClassification"),
+    "esm": ({"position": "rope", "segment_vocab": 0}, "EsmForSequenceClassification"),
 }
 
 
@@ -156,7 +157,8 @@ TYPE_META = {"regression": {"info": {"mean": 2.5, "std": 1.5}}, "multiple_choice
 
 
 @pytest.mark.parametrize("task_type, shape", [(t, "bert") for t in TYPE_EXPORTS] + [
-    ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra")])
+    ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra"),
+    ("tagging", "esm"), ("regression", "esm")])
 def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, task_type, shape):
     """The plain head of each type (lib.training.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
     model for the type gives our outputs (a regression model the score in label units), and the folder

@@ -13,7 +13,10 @@ Each family maps onto the Transformer's fields and tensor names:
   `cls.predictions`, RoBERTa's `lm_head`, ELECTRA generator's `generator_predictions`) when present;
 - distilbert: the same without token types or pooler, its own tensor names;
 - roberta-prelayernorm: RoBERTa with pre-LN layers and a final LayerNorm;
-- gpt2: pre-LN, no embedding LayerNorm, tanh GELU, Conv1D weights transposed, the tied decoder alone.
+- gpt2: pre-LN, no embedding LayerNorm, tanh GELU, Conv1D weights transposed, the tied decoder alone;
+- esm: pre-LN with rotary positions (rotate-half, base 10000), an optional embedding LayerNorm, a final
+  LayerNorm, no token types, exact GELU, RoBERTa's LM head; causal with `is_decoder`. ESM-2's
+  token_dropout (masked embeddings zeroed and the rest rescaled) is refused.
 The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the checkpoint lacks
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
 
@@ -38,7 +41,7 @@ from lib.config.params import HUB_PREFIX, Params
 from lib.core.errors import UserError, describe
 from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.transformer import ROPE_BASE, Transformer, TransformerConfig
 
 CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE = (
     "config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json")
@@ -146,6 +149,22 @@ def gpt2_config(hf: dict) -> TransformerConfig:
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), embedding_norm=False, lm_head="linear")
 
 
+def esm_config(hf: dict) -> TransformerConfig:
+    if hf.get("position_embedding_type") != "rotary":
+        raise ValueError(f"position_embedding_type {hf.get('position_embedding_type')} (only rotary is supported)")
+    if hf.get("token_dropout"):
+        raise ValueError("token_dropout is set (ESM-2's rescaled mask embeddings are not supported)")
+    if hf.get("rope_theta", ROPE_BASE) != ROPE_BASE:
+        raise ValueError(f"rope_theta {hf['rope_theta']} (only {ROPE_BASE:g} is supported)")
+    return TransformerConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
+        max_positions=hf["max_position_embeddings"], position="rope", norm="pre",
+        tie_embeddings=hf.get("tie_word_embeddings", True), segment_vocab=0, causal=bool(hf.get("is_decoder")),
+        activation="gelu", norm_eps=hf.get("layer_norm_eps", 1e-12),  # ESM's GELU is the exact one, whatever hidden_act says
+        embedding_norm=bool(hf.get("emb_layer_norm_before")))
+
+
 def activation(name: str) -> str:
     if name not in ACTIVATIONS:
         raise ValueError(f"activation {name} (supported: {', '.join(ACTIVATIONS)})")
@@ -163,6 +182,8 @@ DISTILBERT_LAYER = {
 PRELAYERNORM_LAYER = {
     "ln1": "attention.LayerNorm", "attn.qkv": BERT_LAYER["attn.qkv"], "attn.proj": "attention.output.dense",
     "ln2": "intermediate.LayerNorm", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+ESM_LAYER = {"ln1": "attention.LayerNorm", "attn.qkv": BERT_LAYER["attn.qkv"], "attn.proj": "attention.output.dense",
+             "ln2": "LayerNorm", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
 GPT2_LAYER = {"ln1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln2": "ln_2",
               "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
 EMBEDDINGS = {"embeddings.token": "embeddings.word_embeddings", "embeddings.position": "embeddings.position_embeddings",
@@ -209,6 +230,9 @@ FAMILIES: dict[str, Family] = {
     "gpt2": Family(gpt2_config, "transformer.", "h", GPT2_LAYER,
                    {"embeddings.token": "wte", "embeddings.position": "wpe", "norm": "ln_f"},
                    [{"head.decoder": "lm_head"}], conv1d=True),
+    "esm": Family(esm_config, "esm.", "encoder.layer", ESM_LAYER,
+                  {"embeddings.token": "embeddings.word_embeddings", "embeddings.norm": "embeddings.layer_norm",
+                   "norm": "encoder.emb_layer_norm_after"}, [MLM_HEADS[1]]),
 }
 
 
@@ -245,6 +269,7 @@ def import_model(folder: Path) -> ImportedModel:
 def load_tensors(model: Transformer, family: str, theirs: dict[str, torch.Tensor], folder: Path) -> ImportedModel:
     """Load a `family` checkpoint's tensors into `model` (its LM head fresh where they have none)."""
     spec, cfg = FAMILIES[family], model.cfg
+    theirs = {modern_name(k): v for k, v in theirs.items()}
     base = spec.base if any(k.startswith(spec.base) for k in theirs) else ""
     head = next((h for h in spec.heads if any(k.startswith(tuple(h.values())) for k in theirs)), {})
     ours = model.state_dict()
@@ -267,8 +292,17 @@ def load_tensors(model: Transformer, family: str, theirs: dict[str, torch.Tensor
         raise UserError(f"{folder}: the {family} weights lack {len(missing)} tensors this config needs "
                         f"(e.g. {missing[0]}); is the weights file from another model?")
     model.load_state_dict({**ours, **loaded})
-    unused = {k: theirs[k] for k in sorted(theirs) if k not in used and not k.endswith("position_ids")}
+    unused = {k: theirs[k] for k in sorted(theirs) if k not in used and not k.endswith(("position_ids", "inv_freq"))}
     return ImportedModel(model.eval(), family, fresh, unused)
+
+
+def modern_name(key: str) -> str:
+    """LayerNorm.gamma/beta, TF-era names that transformers renames on every load and still writes for
+    ESM, as LayerNorm.weight/bias."""
+    for legacy, name in (("LayerNorm.gamma", "LayerNorm.weight"), ("LayerNorm.beta", "LayerNorm.bias")):
+        if key.endswith(legacy):
+            return key[: -len(legacy)] + name
+    return key
 
 
 def tensor_keys(cfg: TransformerConfig, family: str, base: str, head: dict[str, str],
@@ -303,10 +337,12 @@ def conv1d_weight(spec: Family, target: str, tensor: torch.Tensor) -> bool:
 
 def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
     """(the transformers family that computes exactly what `cfg` does, "") or (None, why there is none)."""
-    if cfg.position != "learned":
-        return None, f"{cfg.position} positions"
     if cfg.share_layers:
         return None, "layers shared across depth (ALBERT)"
+    if cfg.position == "rope":
+        return rope_family(cfg)
+    if cfg.position != "learned":
+        return None, f"{cfg.position} positions"
     if cfg.embedding_norm and cfg.lm_head == "mlp":
         if cfg.norm == "post" and cfg.embedding_size is not None:
             return ("electra", "") if not cfg.causal and not cfg.position_offset else (None, "a causal ELECTRA")
@@ -319,6 +355,18 @@ def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
             and not cfg.segment_vocab and cfg.embedding_size is None and not cfg.position_offset:
         return "gpt2", ""
     return None, "this mix of LayerNorm placement, embedding LayerNorm and LM head"
+
+
+def rope_family(cfg: TransformerConfig) -> tuple[str | None, str]:
+    """ESM is transformers' one rotary family with BERT's embedding LayerNorm and LM head (pre-LN)."""
+    if cfg.norm != "pre":
+        return None, "rope positions with post-LN layers"
+    if cfg.segment_vocab:
+        return None, "rope positions with segment embeddings (ESM, the pre-LN rotary family, has no token types; " \
+                     "model.segment_vocab: 0 exports)"
+    if cfg.embedding_size is not None or cfg.lm_head != "mlp" or cfg.activation != "gelu":
+        return None, "rope positions with factorised embeddings, GPT-2's LM head or tanh GELU"
+    return "esm", ""
 
 
 def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) -> tuple[dict, dict]:
@@ -343,10 +391,11 @@ def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) 
         for key, part in zip(keys, tensor.chunk(len(keys))):
             tensors[key] = (part.t() if conv1d_weight(spec, target, part) else part).contiguous()
     head = spec.heads[0]
-    if "head.decoder.bias" in head and head["head.decoder.bias"] != f"{head['head.decoder']}.bias":
+    if "head.decoder.bias" in head and head["head.decoder.bias"] != f"{head['head.decoder']}.bias" and family != "esm":
         # transformers ties the decoder's bias to the head's only while it ties the decoder to the embeddings
+        # (ESM's decoder has no bias of its own)
         tensors[f"{head['head.decoder']}.bias"] = tensors[head["head.decoder.bias"]].clone()
-    if family != "gpt2" and not cfg.segment_vocab:
+    if family not in ("gpt2", "esm") and not cfg.segment_vocab:
         tensors[f"{spec.base}embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.embedding_dim)
     return export_config(cfg, family, special_ids, shift), tensors
 
@@ -354,7 +403,13 @@ def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) 
 def export_config(cfg: TransformerConfig, family: str, special_ids: dict[str, int], shift: int) -> dict:
     act = {"gelu": "gelu", "gelu_tanh": "gelu_new"}[cfg.activation]
     ids = {f"{role}_token_id": special_ids[role] for role in ("pad", "bos", "eos") if role in special_ids}
-    if family == "gpt2":
+    if family == "esm":
+        hf = dict(hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                  intermediate_size=cfg.d_ff, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                  max_position_embeddings=cfg.max_positions, layer_norm_eps=cfg.norm_eps, is_decoder=cfg.causal,
+                  position_embedding_type="rotary", rope_theta=ROPE_BASE, emb_layer_norm_before=cfg.embedding_norm,
+                  token_dropout=False, mask_token_id=special_ids.get("mask"))
+    elif family == "gpt2":
         hf = dict(n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
                   activation_function=act, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
                   n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps)
@@ -375,7 +430,10 @@ def export_config(cfg: TransformerConfig, family: str, special_ids: dict[str, in
 ARCHITECTURES = {"bert": ("BertForMaskedLM", "BertLMHeadModel"), "roberta": ("RobertaForMaskedLM", "RobertaForCausalLM"),
                  "electra": ("ElectraForMaskedLM", None),
                  "roberta-prelayernorm": ("RobertaPreLayerNormForMaskedLM", "RobertaPreLayerNormForCausalLM"),
-                 "gpt2": (None, "GPT2LMHeadModel")}
+                 "gpt2": (None, "GPT2LMHeadModel"),
+                 # transformers has no causal ESM class: a causal model's EsmForMaskedLM (is_decoder) gives
+                 # next-token logits, without generate()
+                 "esm": ("EsmForMaskedLM", "EsmForMaskedLM")}
 
 # Task models: the sequence classifier of each family, (class, the names there of the plain head's layers:
 # its dense layer (None: it has none), its output layer), and the prefix of its other task classes (each
@@ -387,9 +445,10 @@ SEQUENCE_CLASSIFIERS = {
                              "classifier.out_proj"),
     "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
     "gpt2": ("GPT2ForSequenceClassification", None, "score"),
+    "esm": ("EsmForSequenceClassification", "classifier.dense", "classifier.out_proj"),
 }
 CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
-                  "electra": "Electra", "gpt2": "GPT2"}
+                  "electra": "Electra", "gpt2": "GPT2", "esm": "Esm"}
 
 
 def load_exported(folder: Path, cfg: TransformerConfig,
