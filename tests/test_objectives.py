@@ -8,16 +8,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params
+from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
 from lib.core.errors import UserError
 from lib.models.transformer import Transformer
 from lib.objectives import OBJECTIVES, Objective, build_objective, objective_extras
 from lib.objectives import electra as electra_module
 from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs
+from tests.helpers import ROOT
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
 VOCAB = 60
+DEFAULT_POSITION = load_params(ROOT / "params.yaml").model.position  # the default chain's
 METRICS = {
     "clm": {"loss", "accuracy"},
     "mlm": {"loss", "accuracy"},
@@ -348,7 +350,7 @@ def test_flops_per_token_counts_what_each_objective_computes():
     assert sop.flops_per_token(T) == pytest.approx(mlm.flops_per_token(T) + 6 * (32 * 32 + 32 * 2) / T)
 
 
-@pytest.mark.parametrize("position", ["rope", pytest.param("learned", marks=pytest.mark.xfail(
+@pytest.mark.parametrize("position", [DEFAULT_POSITION, pytest.param("learned", marks=pytest.mark.xfail(
     strict=True, reason="with learned absolute positions the discriminator reads no context yet after 500 steps "
     "(bench/electra_context.py: not within 3,000 in 3 seeds, rope within 300); strict, so a fix that shortens "
     "that plateau must drop this mark"))])
