@@ -126,6 +126,15 @@ def test_experiments_group_separately(store, monkeypatch):
     assert sorted(r.data.tags["dvc.exp_name"] for r in parents) == ["exp-a", "exp-b"]
 
 
+def test_an_experiment_name_with_quotes_still_finds_its_parent(store, monkeypatch, capsys):
+    """Git and DVC allow quotes in experiment names; the stages must still find their parent run."""
+    monkeypatch.setenv("DVC_EXP_NAME", """bob's "best" exp""")
+    stage("clean")
+    stage("tokenizer")
+    assert tree(store) == [[("clean", "FINISHED"), ("tokenizer", "FINISHED")]]
+    assert "warning" not in capsys.readouterr().err.lower()
+
+
 def test_runs_are_tagged_with_the_objective_and_init_they_compare(store):
     stage("clean", {"objective": "electra", "init": None})
     stage("clean", {"objective": "mlm", "init": "hf:org/model"})

@@ -6,8 +6,8 @@ time>`, e.g. `repro 226dfab 2026-11-24 14:30`; finetune and distill add a run pe
 their stage's run.
 
 Same execution. DVC starts every stage as its own process and tells it nothing of the execution, so a
-stage finds the newest parent of its pipeline key (DVC experiment name, git commit and a digest of all
-params) and joins it when
+stage finds the newest parent of its pipeline key (git commit and a digest of the DVC experiment name and
+all params) and joins it when
   - no run under it is RUNNING (those of dead processes were ended first, see below),
   - it has not got past this stage: no run of this stage or of one after it in dvc.yaml has FINISHED
     under it, and
@@ -117,9 +117,10 @@ def run_tags(stage: str, all_params: Any) -> dict[str, str]:
     exp = os.environ.get("DVC_EXP_NAME", "")
     flat = flatten(all_params)
     params = json.dumps({k: str(v) for k, v in flat.items()}, sort_keys=True)
-    digest = hashlib.sha256(params.encode()).hexdigest()[:12]
+    # hex digits only: the key goes into MLflow filter strings, which an experiment name (bob's-exp) would break
+    digest = hashlib.sha256(f"{exp}\n{params}".encode()).hexdigest()[:16]
     tags = {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
-            "pipeline.key": f"{exp or 'workspace'}@{commit}/{digest}", "stage": stage}
+            "pipeline.key": f"{commit}/{digest}", "stage": stage}
     # what experiments are compared by: a column and a filter in `mlflow ui` (tags.pipeline.objective = 'electra')
     return tags | {f"pipeline.{key}": str(flat[key]) for key in ("objective", "init") if flat.get(key) is not None}
 
