@@ -49,7 +49,7 @@ def main() -> None:
 
 
 def source_rows(folder: Path) -> dict[str, int] | None:
-    """Rows per split of a source as the data stage wrote them into `folder` (its source.json); None
+    """Rows per split of a source as the data stage wrote them into `folder` (its .source.json); None
     for a folder the data stage did not write, whose documents are then counted without a total."""
     path = folder / IDENTITY_FILE
     return json.loads(path.read_text(encoding="utf-8"))["rows"] if path.is_file() else None

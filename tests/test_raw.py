@@ -15,7 +15,7 @@ from lib.config.params import load_params
 from lib.core.errors import UserError
 from lib.data.corpus import eval_texts
 from lib.data.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
-from lib.data.sources import HubId, parse_hub, read_records
+from lib.data.sources import HubId, local_files, parse_hub, read_records
 from lib.tasks import check_tasks, field_kinds
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
 
@@ -128,9 +128,9 @@ def test_the_mirror_and_the_hub_give_the_same_raw_data(tmp_path, monkeypatch):
     assert {n: r["origin"].split()[0] for n, r in from_hub.items()} == dict.fromkeys(from_hub, "hub")
     assert files(tmp_path / "raw-hub") == files(tmp_path / "raw-mirror")
     assert sorted(files(tmp_path / "raw-hub")) == [
-        "imdb/source.json", "imdb/test.jsonl.gz", "imdb/train.jsonl.gz", "imdb/unsup.jsonl.gz",
-        "sst2/source.json", "sst2/test.jsonl.gz", "sst2/train.jsonl.gz", "sst2/validation.jsonl.gz",
-        "wikipedia_en/source.json", "wikipedia_en/test.jsonl.gz", "wikipedia_en/train.jsonl.gz",
+        "imdb/.source.json", "imdb/test.jsonl.gz", "imdb/train.jsonl.gz", "imdb/unsup.jsonl.gz",
+        "sst2/.source.json", "sst2/test.jsonl.gz", "sst2/train.jsonl.gz", "sst2/validation.jsonl.gz",
+        "wikipedia_en/.source.json", "wikipedia_en/test.jsonl.gz", "wikipedia_en/train.jsonl.gz",
         "wikipedia_en/validation.jsonl.gz"]
     unsup = [json.loads(line) for line in gzip.open(tmp_path / "raw-hub" / "imdb" / "unsup.jsonl.gz", "rt")]
     assert {r["label"] for r in unsup} == {None}  # the hub's -1, the mirror's missing label: both null
@@ -144,7 +144,7 @@ def test_a_hub_row_cap_reads_no_more_than_it(tmp_path, monkeypatch):
     params.corpora.pretrain.max_docs = 10
     report = read_all(params, tmp_path / "raw")
     assert sum(report["wikipedia_en"]["rows"].values()) == 10
-    assert json.loads((tmp_path / "raw" / "wikipedia_en" / "source.json").read_text())["identity"]["max_rows"] == 10
+    assert json.loads((tmp_path / "raw" / "wikipedia_en" / ".source.json").read_text())["identity"]["max_rows"] == 10
 
 
 def test_offline_without_a_copy_is_one_line_naming_the_dataset_and_the_mirror(tmp_path, monkeypatch):
@@ -180,6 +180,27 @@ def test_a_local_source_is_copied_and_read_again_when_its_content_changes(tmp_pa
     assert again[name]["origin"].startswith("local") and again[name]["rows"]["test"] == 2
     assert localize(params, tmp_path / "raw").tasks["sst2"].source == str(tmp_path / "raw" / name)
     assert rows  # the mirror served the other sources
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".txt", ".parquet"])
+def test_a_local_source_of_each_format_reads_back_from_data_raw_as_its_splits(tmp_path, suffix):
+    """The stages after `data` read data/raw/<name>/ as a local folder: its identity file is not a split."""
+    tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    local.mkdir()
+    texts = {"test": ["fine"], "train": ["good", "bad"]}
+    for split, lines in texts.items():
+        path = local / f"{split}{suffix}"
+        if suffix == ".txt":
+            path.write_text("".join(f"{line}\n" for line in lines))
+        elif suffix == ".parquet":
+            pq.write_table(pa.Table.from_pylist([{"text": line} for line in lines]), path)
+        else:
+            write_jsonl_gz(path, [{"text": line} for line in lines])
+    params = params_for(tmp_path, tmp_path / "mirror", sst2=str(local))
+    read_all(params, tmp_path / "raw")
+    source = localize(params, tmp_path / "raw").tasks["sst2"].source
+    assert {split: [r["text"] for r in read_records(source, split, "k")] for split in local_files(source, "k")} == texts
 
 
 def test_a_single_local_file_becomes_split_train(tmp_path):

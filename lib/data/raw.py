@@ -4,7 +4,7 @@ after it depend on content DVC tracks, not on a path outside the repository or o
 A source in params (`corpora.*.source`, `tasks.*.source`) is a hub id,
 `hf:<org>/<name>[/<config>][@<revision>]`, or a local file or folder. Each becomes data/raw/<name>/,
 one `<split>.jsonl.gz` per split (a local source: its data files, copied as they are) and
-`source.json`, the identity it was read with. The rows come from, in this order:
+`.source.json`, the identity it was read with (hidden, so that no reader takes it for a split). The rows come from, in this order:
 - a local source: its files (a relative path is read from the project root);
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.
@@ -34,9 +34,9 @@ from lib.core.io import JsonlGzWriter, atomic_dir, atomic_file, file_sha256, pro
 from lib.data.sources import data_suffix, list_splits, local_files, parse_hub, read_records
 
 # Bump when the rows written for an unchanged source change (a new mapping, another row format):
-# data/raw/<name>/source.json carries it, and a name read with another FORMAT is read again.
+# data/raw/<name>/.source.json carries it, and a name read with another FORMAT is read again.
 FORMAT = 1
-IDENTITY_FILE = "source.json"
+IDENTITY_FILE = ".source.json"
 EVAL_TEXTS_FILE = "eval_texts.json"  # what `clean` removes from the LM corpora (eval_text_spec)
 LABEL_WITHHELD = -1  # the hub's label of a row that has none (GLUE test splits, IMDb unsupervised)
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")

@@ -3,7 +3,7 @@
 A source is a local file or folder of .jsonl/.json/.txt (optionally .gz) or .parquet files, or a
 hub dataset written `hf:<org>/<name>[/<config>][@<revision>]` (e.g. `hf:nyu-mll/glue/sst2@bcdcba7`).
 In a folder, a file's split is its name up to the first dot (`train.jsonl.gz` -> train; shards
-`train-00001.parquet` join split train); a single file is split `train`. Rows are streamed, never
+`train-00001.parquet` join split train; hidden files are skipped); a single file is split `train`. Rows are streamed, never
 loaded whole, and fields are mapped by name. The stages read local folders only: the `data` stage
 (lib/data/raw.py) reads hub sources into data/raw first.
 
@@ -41,7 +41,8 @@ def local_files(source: str, key: str) -> dict[str, list[str]]:
     if path.is_file():
         candidates = [path]
     elif path.is_dir():
-        candidates = sorted(p for p in path.iterdir() if p.is_file() and data_suffix(p))
+        # hidden files are never data: the data stage's .source.json, macOS's ._train.jsonl
+        candidates = sorted(p for p in path.iterdir() if p.is_file() and data_suffix(p) and not p.name.startswith("."))
     else:
         raise UserError(f"{key}: '{source}' does not exist")
     if not candidates or not data_suffix(candidates[0]):
