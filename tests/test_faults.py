@@ -1,7 +1,10 @@
 """Faults outside the code: a disk that fills up while a checkpoint or an output is written, an output
 folder that cannot be written, Ctrl-C."""
+import contextlib
 import errno
 import importlib
+import os
+import signal
 import subprocess
 import sys
 
@@ -99,6 +102,37 @@ def test_ctrl_c_ends_a_stage_in_one_line_with_the_shells_exit_code():
     assert done.returncode == 130
     assert done.stderr.strip().splitlines() == [
         "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
+
+
+CLEANING_FOREVER = """
+import itertools
+from lib.config.params import CleanConfig
+from lib.core.errors import run_main
+from lib.data.clean import CleanStats, DocumentCleaner
+
+def main():
+    docs = (f"Document {i} " + "with plenty of ordinary words in it " * 20 for i in itertools.count())
+    for n, _ in enumerate(DocumentCleaner(CleanConfig(workers=2)).run(docs, CleanStats())):
+        if n == 0:
+            print("cleaning", flush=True)
+
+run_main(main)
+"""
+
+
+def test_ctrl_c_while_clean_s_worker_pool_runs_ends_it_in_one_line():
+    """A terminal's Ctrl-C reaches the whole process group: the pool's workers as well as the stage."""
+    proc = subprocess.Popen([sys.executable, "-c", CLEANING_FOREVER], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "cleaning\n"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a hung pool: its workers too
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines() == ["interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
 
 
 def test_a_denied_permission_met_later_ends_a_stage_in_one_line_naming_the_file():

@@ -11,6 +11,7 @@ import html
 import multiprocessing
 import os
 import re
+import signal
 import unicodedata
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -188,6 +189,9 @@ _POOL_WORKER: _DocWorker | None = None  # the worker state of a pool process, se
 def _init_pool_process(worker: _DocWorker) -> None:
     global _POOL_WORKER
     _POOL_WORKER = worker
+    # Ctrl-C reaches the whole process group: a worker it stopped could die holding the pool's queue lock,
+    # and Pool.terminate() in the stage would wait for it forever. The stage alone handles it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _process_in_pool(texts: list[str]) -> list[_Processed]:
