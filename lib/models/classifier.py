@@ -172,7 +172,8 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
     if family not in kind.exports:
         return None, f"transformers has no {kind.name} model of the {family} family that computes this head"
     if cfg.causal and family != "gpt2":
-        return None, f"a causal {family}: transformers' {family} attends both ways"
+        return None, (f"a causal {family}: of transformers' task models only GPT-2's are made for causal attention "
+                      "(the others' sequence heads read the first token, which then sees only itself)")
     name = kind.exports[family][0]
     if kind.per_token:
         if head.features != "tokens" or head.pooler is not None or not head.bias:
