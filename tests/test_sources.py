@@ -1,5 +1,6 @@
 """Loading local and hub sources through `datasets`, with one-line errors for bad input."""
 import gzip
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,6 +40,22 @@ def test_txt_and_parquet(tmp_path):
     (tmp_path / "pq").mkdir()
     pq.write_table(pa.table({"text": ["p", "q"], "label": [0, 1]}), tmp_path / "pq" / "validation.parquet")
     assert list(read_texts(str(tmp_path / "pq"), "validation", "text", "k")) == ["p", "q"]
+
+
+def test_csv_tsv_and_a_json_array(tmp_path):
+    """Spreadsheet CSV (quoted delimiters and line breaks, gzipped too), TSV and a JSON array of objects."""
+    rows = [{"text": "good, really good", "label": 1}, {"text": 'a "quoted"\nline', "label": 0}]
+    csv = 'text,label\n"good, really good",1\n"a ""quoted""\nline",0\n'
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "train.csv").write_text(csv)
+    with gzip.open(tmp_path / "csv" / "test.csv.gz", "wt") as f:
+        f.write(csv)
+    (tmp_path / "train.tsv").write_text("text\tlabel\ngood, really good\t1\n")
+    (tmp_path / "array.json").write_text(json.dumps(rows))
+    for source, split, expected in [(tmp_path / "csv", "train", rows), (tmp_path / "csv", "test", rows),
+                                    (tmp_path / "train.tsv", "train", rows[:1]),
+                                    (tmp_path / "array.json", "train", rows)]:
+        assert list(read_rows(str(source), split, {"text": "text", "label": "label"}, "k")) == expected
 
 
 def test_max_rows(tmp_path):
@@ -93,7 +110,13 @@ def test_non_text_field(tmp_path):
 def test_mixed_formats_rejected(tmp_path):
     write_jsonl_gz(tmp_path / "train.jsonl.gz", [{"text": "a"}])
     (tmp_path / "test.txt").write_text("b\n")
-    with pytest.raises(UserError, match="mixes file formats"):
+    with pytest.raises(UserError, match=r"mixes file formats \(.jsonl, .txt\)"):
+        list_splits(str(tmp_path), "k")
+    (tmp_path / "test.txt").unlink()
+    (tmp_path / "train.jsonl.gz").unlink()
+    (tmp_path / "train.csv").write_text("text\na\n")
+    (tmp_path / "test.tsv").write_text("text\nb\n")
+    with pytest.raises(UserError, match=r"mixes file formats \(.csv, .tsv\)"):
         list_splits(str(tmp_path), "k")
 
 

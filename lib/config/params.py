@@ -21,7 +21,8 @@ from lib.core.errors import UserError
 
 Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
 HUB_PREFIX = "hf:"
-LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
+LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".csv", ".csv.gz", ".tsv", ".tsv.gz",
+                  ".parquet")
 # A float in YAML 1.2 that PyYAML (YAML 1.1) reads as a string: 2e-05 and 1e14 have no dot or no exponent
 # sign. DVC writes `-S` values back this way (ruamel, YAML 1.2), so a float field takes them as numbers.
 YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
