@@ -110,13 +110,13 @@ def test_non_text_field(tmp_path):
 def test_mixed_formats_rejected(tmp_path):
     write_jsonl_gz(tmp_path / "train.jsonl.gz", [{"text": "a"}])
     (tmp_path / "test.txt").write_text("b\n")
-    with pytest.raises(UserError, match=r"mixes file formats \(.jsonl, .txt\)"):
+    with pytest.raises(UserError, match=r"mixes file formats \(json, text\)"):
         list_splits(str(tmp_path), "k")
     (tmp_path / "test.txt").unlink()
     (tmp_path / "train.jsonl.gz").unlink()
     (tmp_path / "train.csv").write_text("text\na\n")
     (tmp_path / "test.tsv").write_text("text\nb\n")
-    with pytest.raises(UserError, match=r"mixes file formats \(.csv, .tsv\)"):
+    with pytest.raises(UserError, match=r"mixes file formats \(csv, tsv\)"):
         list_splits(str(tmp_path), "k")
 
 

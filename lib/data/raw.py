@@ -4,7 +4,8 @@ after it depend on content DVC tracks, not on a path outside the repository or o
 A source in params (`corpora.*.source`, `tasks.*.source`) is a hub id,
 `hf:<org>/<name>[/<config>][@<revision>]`, or a local file or folder. Each becomes data/raw/<name>/,
 one `<split>.jsonl.gz` per split (a local source: its data files, copied as they are) and
-`.source.json`, the identity it was read with (hidden, so that no reader takes it for a split). The rows come from, in this order:
+`.source.json`, the identity it was read with (hidden, so that no reader takes it for a split). The rows
+come from, in this order:
 - a local source: its files (a relative path is read from the project root);
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.

@@ -3,11 +3,11 @@
 A source is a local file or folder of .jsonl/.json/.txt/.csv/.tsv (optionally .gz) or .parquet files, or a
 hub dataset written `hf:<org>/<name>[/<config>][@<revision>]` (e.g. `hf:nyu-mll/glue/sst2@bcdcba7`).
 In a folder, a file's split is its name up to the first dot (`train.jsonl.gz` -> train; shards
-`train-00001.parquet` join split train; hidden files are skipped); a single file is split `train`. A .json
-file holds JSON Lines or one array of objects; a CSV or TSV file's first line names its fields, and a field
-with the delimiter, a quote or a line break in it is quoted ("a, b"), as spreadsheets write it. Rows are streamed, never
-loaded whole, and fields are mapped by name. The stages read local folders only: the `data` stage
-(lib/data/raw.py) reads hub sources into data/raw first.
+`train-00001.parquet` join split train; hidden files are skipped); a single file is split `train`.
+A .json file holds JSON Lines or one array of objects; a CSV or TSV file's first line names its fields,
+and a field with the delimiter, a quote or a line break in it is quoted ("a, b"), as spreadsheets write
+it. Rows are streamed, never loaded whole, and fields are mapped by name. The stages read local folders
+only: the `data` stage (lib/data/raw.py) reads hub sources into data/raw first.
 
 Undecodable bytes in a text file become U+FFFD instead of stopping the read; the clean stage then
 drops those documents and counts them as `undecodable`.
@@ -23,9 +23,8 @@ from typing import Any, Iterator
 from lib.config.params import HUB_PREFIX, LOCAL_SUFFIXES
 from lib.core.errors import UserError, describe
 
-# a data file's format by its suffix (less .gz): the `datasets` builder that reads it, and the builder's options
-FORMATS = {".jsonl": ("json", {}), ".json": ("json", {}), ".txt": ("text", {}), ".csv": ("csv", {}),
-           ".tsv": ("csv", {"sep": "\t"}), ".parquet": ("parquet", {})}
+# a data file's format by its suffix (less .gz), which names the `datasets` builder that reads it (TSV: csv)
+FORMATS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
 SHARD_SUFFIX = re.compile(r"-\d+(-of-\d+)?$")
 READ_BATCH = 1000
 
@@ -35,7 +34,7 @@ def data_suffix(path: Path) -> str | None:
     return next((s for s in LOCAL_SUFFIXES if name.endswith(s)), None)
 
 
-def _format(suffix: str) -> tuple[str, dict[str, str]]:
+def _format(suffix: str) -> str:
     return FORMATS[suffix.removesuffix(".gz")]
 
 
@@ -51,10 +50,9 @@ def local_files(source: str, key: str) -> dict[str, list[str]]:
         raise UserError(f"{key}: '{source}' does not exist")
     if not candidates or not data_suffix(candidates[0]):
         raise UserError(f"{key}: no {'/'.join(LOCAL_SUFFIXES)} files in '{source}'")
-    formats = {str(_format(data_suffix(p))) for p in candidates}
+    formats = {_format(data_suffix(p)) for p in candidates}
     if len(formats) > 1:
-        suffixes = sorted({data_suffix(p).removesuffix(".gz") for p in candidates})
-        raise UserError(f"{key}: '{source}' mixes file formats ({', '.join(suffixes)}); keep one per source")
+        raise UserError(f"{key}: '{source}' mixes file formats ({', '.join(sorted(formats))}); keep one per source")
     splits: dict[str, list[str]] = defaultdict(list)
     for p in candidates:
         if p.stat().st_size == 0:
@@ -109,7 +107,10 @@ def _open(source: str, split: str, key: str):
     files = local_files(source, key)
     if split not in files:
         raise UserError(f"{key}: split '{split}' not in '{source}' (it has: {', '.join(sorted(files))})")
-    builder, options = _format(data_suffix(Path(files[split][0])))
+    builder = _format(data_suffix(Path(files[split][0])))
+    options = {}
+    if builder == "tsv":
+        builder, options = "csv", {"sep": "\t"}
     if builder != "parquet":
         # `json` decodes with errors='replace' only for an encoding other than the literal "utf-8",
         # so "utf8" (the same codec) is how undecodable bytes become U+FFFD instead of an exception.

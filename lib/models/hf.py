@@ -161,8 +161,8 @@ def esm_config(hf: dict) -> TransformerConfig:
         n_heads=hf["num_attention_heads"], d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
         max_positions=hf["max_position_embeddings"], position="rope", norm="pre",
         tie_embeddings=hf.get("tie_word_embeddings", True), segment_vocab=0, causal=bool(hf.get("is_decoder")),
-        activation="gelu", norm_eps=hf.get("layer_norm_eps", 1e-12),  # ESM's GELU is the exact one, whatever hidden_act says
-        embedding_norm=bool(hf.get("emb_layer_norm_before")))
+        activation="gelu",  # ESM's GELU is the exact one, whatever hidden_act says
+        norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=bool(hf.get("emb_layer_norm_before")))
 
 
 def activation(name: str) -> str:
