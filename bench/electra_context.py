@@ -2,11 +2,11 @@
 
     python bench/electra_context.py [--positions learned rope alibi sinusoidal] [--seeds 0 1 2] [--cap 3000]
 
-The rows count up by 1-3 over ids 5..59 from a random start, with an eos at position 13 (the tests'
-structured batches). The objective is the electra objective at 2 layers x 32. Its generator's samples are
-replaced by ids drawn uniformly from 5..59, the rows' own token distribution: a token's identity then says
-nothing, and only its neighbours tell a replaced one (it breaks the count). It trains with Adam 3e-3 on fresh
-batches of 32 rows x 32 tokens.
+The rows count up by 1-3 over ids 5..59 from a random start, with an eos at position 13 (tests/helpers.py's
+counting_rows). The objective is the electra objective at 2 layers x 32. Its generator's samples are replaced
+by ids drawn uniformly from 5..59, the rows' own token distribution: a token's identity then says nothing,
+and only its neighbours tell a replaced one (it breaks the count). It trains with Adam 3e-3 on fresh batches
+of 32 rows x 32 tokens.
 
 Printed, one line per position encoding and seed: the step at which the mean training `disc_auc` of the
 last 50 steps passes 0.8, or "> cap". The seed sets it, not the machine's speed.
@@ -24,26 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lib.config.params import CorpusConfig, Corpora, ModelConfig, Params  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives import electra  # noqa: E402
+from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_rows  # noqa: E402
 
-SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
-VOCAB = 60
-FIRST_ID = len(SPECIAL)
-
-
-def counting_rows(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, word_starts): each row counts up by 1-3 over ids 5..59, an eos at position 13."""
-    g = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, VOCAB - FIRST_ID, (rows, 1), generator=g)
-    step = torch.randint(1, 4, (rows, 1), generator=g)
-    tokens = FIRST_ID + (start + step * torch.arange(length)) % (VOCAB - FIRST_ID)
-    tokens[:, 13] = SPECIAL["eos"]
-    word_starts = (torch.arange(length) % 2 == 0).expand(rows, length).clone() | (tokens == SPECIAL["eos"])
-    return tokens, word_starts
+FIRST_ID = len(TOY_SPECIAL)
 
 
 def uniform_sample(logits: torch.Tensor) -> torch.Tensor:
     """Stands in for the generator's samples: ids 5..59, uniformly."""
-    return torch.randint(FIRST_ID, VOCAB, (len(logits),), device=logits.device)
+    return torch.randint(FIRST_ID, TOY_VOCAB, (len(logits),), device=logits.device)
 
 
 def steps_to_context(position: str, seed: int, cap: int) -> int | None:
@@ -52,7 +40,7 @@ def steps_to_context(position: str, seed: int, cap: int) -> int | None:
     corpus = CorpusConfig(source="unused")
     model = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=64, position=position)
     params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model)
-    objective = build_objective("electra", params, VOCAB, SPECIAL)
+    objective = build_objective("electra", params, TOY_VOCAB, TOY_SPECIAL)
     optimizer = torch.optim.Adam(objective.parameters(), lr=3e-3)
     recent: list[float] = []
     for step in range(1, cap + 1):

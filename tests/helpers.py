@@ -8,10 +8,29 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+# the toy vocabulary of counting_rows: the special tokens, then ids 5..59 that the rows count over
+TOY_SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+TOY_VOCAB = 60
+
+
+def counting_rows(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, word_starts) of learnable windows: each row counts up from a random start by a step of
+    1-3 over ids 5..59, with an eos at position 13; word starts on every other token. Used by the
+    objectives' tests and bench/electra_context.py."""
+    first = len(TOY_SPECIAL)
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, TOY_VOCAB - first, (rows, 1), generator=g)
+    step = torch.randint(1, 4, (rows, 1), generator=g)
+    tokens = first + (start + step * torch.arange(length)) % (TOY_VOCAB - first)
+    tokens[:, 13] = TOY_SPECIAL["eos"]
+    word_starts = (torch.arange(length) % 2 == 0).expand(rows, length).clone()
+    word_starts |= tokens == TOY_SPECIAL["eos"]
+    return tokens, word_starts
 
 
 def write_jsonl_gz(path: Path, rows: list[dict]) -> Path:

@@ -29,7 +29,8 @@ from lib.training.budget_loop import Trainer
 from lib.training.distill import distill_task
 from lib.training.finetune import run_variant
 from tests import test_distill, test_finetune
-from tests.test_objectives import SPECIAL, tiny_params
+from tests.helpers import TOY_SPECIAL
+from tests.test_objectives import tiny_params
 from tests.test_budget_loop import CFG, FP32, VOCAB, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
 
 
@@ -84,7 +85,7 @@ def train(context: distributed.Context, data: str, checkpoints: str, out: str, d
     layer_groups, cfg = None, CFG
     if model == "clm":
         shape = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=dropout, max_positions=32)
-        module = build_objective("clm", tiny_params(model=shape), VOCAB, SPECIAL)
+        module = build_objective("clm", tiny_params(model=shape), VOCAB, TOY_SPECIAL)
         layer_groups, cfg = module.backbone().layer_groups(), dataclasses.replace(CFG, lr_decay=2.6)
     else:
         module = NextToken()

@@ -15,10 +15,8 @@ from lib.objectives import OBJECTIVES, Objective, build_objective, objective_ext
 from lib.objectives import electra as electra_module
 from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs
-from tests.helpers import ROOT
+from tests.helpers import ROOT, TOY_SPECIAL, TOY_VOCAB, counting_rows
 
-SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
-VOCAB = 60
 DEFAULT_POSITION = load_params(ROOT / "params.yaml").model.position  # the default chain's
 METRICS = {
     "clm": {"loss", "accuracy"},
@@ -45,20 +43,7 @@ def tiny_params(**sections) -> Params:
 
 def build(name: str, seed: int = 0, **sections) -> Objective:
     torch.manual_seed(seed)
-    return build_objective(name, tiny_params(**sections), VOCAB, SPECIAL)
-
-
-def structured_batch(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Learnable windows: each row counts up from a random start by a step of 1-3 over ids 5..59,
-    with an eos at position 13; word starts on every other token."""
-    g = torch.Generator().manual_seed(seed)
-    start = torch.randint(0, VOCAB - 5, (rows, 1), generator=g)
-    step = torch.randint(1, 4, (rows, 1), generator=g)
-    tokens = 5 + (start + step * torch.arange(length)) % (VOCAB - 5)
-    tokens[:, 13] = SPECIAL["eos"]
-    word_starts = (torch.arange(length) % 2 == 0).expand(rows, length).clone()
-    word_starts |= tokens == SPECIAL["eos"]
-    return tokens, word_starts
+    return build_objective(name, tiny_params(**sections), TOY_VOCAB, TOY_SPECIAL)
 
 
 def test_registry_builds_every_objective():
@@ -73,13 +58,13 @@ def test_registry_builds_every_objective():
 def test_unknown_objective_names_the_key_and_the_choices():
     assert {"clm", "electra", "mlm"} <= set(OBJECTIVES)
     with pytest.raises(UserError, match=f"objective: 'bert' is not one of {', '.join(sorted(OBJECTIVES))}$"):
-        build_objective("bert", tiny_params(), VOCAB, SPECIAL)
+        build_objective("bert", tiny_params(), TOY_VOCAB, TOY_SPECIAL)
 
 
 @pytest.mark.parametrize("name", ["clm", "mlm", "electra"])
 def test_forward_contract(name):
     objective = build(name)
-    tokens, word_starts = structured_batch()
+    tokens, word_starts = counting_rows()
     loss, metrics = objective(tokens, word_starts)
     assert loss.dim() == 0 and torch.isfinite(loss) and loss.requires_grad
     assert set(metrics) == METRICS[name]
@@ -93,7 +78,7 @@ def test_forward_contract(name):
 def test_seeded_validation_is_reproducible(name):
     """The trainer validates under a fixed seed: the same seed gives the same loss."""
     objective = build(name).eval()
-    tokens, word_starts = structured_batch()
+    tokens, word_starts = counting_rows()
     with torch.no_grad():
         torch.manual_seed(7)
         first, _ = objective(tokens, word_starts)
@@ -106,10 +91,10 @@ def test_seeded_validation_is_reproducible(name):
 
 def test_clm_loss_is_next_token_cross_entropy():
     objective = build("clm").eval()
-    tokens, word_starts = structured_batch()
+    tokens, word_starts = counting_rows()
     loss, metrics = objective(tokens, word_starts)
     logits = objective.model.lm_logits(objective.model(tokens[:, :-1]))
-    expected = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    expected = F.cross_entropy(logits.reshape(-1, TOY_VOCAB), tokens[:, 1:].reshape(-1))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert metrics["accuracy"] == (logits.argmax(-1) == tokens[:, 1:]).float().mean()
 
@@ -117,7 +102,7 @@ def test_clm_loss_is_next_token_cross_entropy():
 def test_clm_is_causal():
     """Changing a later token does not change the loss terms of earlier positions' predictions."""
     objective = build("clm").eval()
-    tokens, _ = structured_batch(rows=1)
+    tokens, _ = counting_rows(rows=1)
     changed = tokens.clone()
     changed[0, 20] = 7
     before = objective.model(tokens[:, :-1])[0, :20]
@@ -131,10 +116,10 @@ def test_mlm_logits_only_at_selected_positions(monkeypatch, mode):
     seen = []
     real = objective.model.lm_logits
     monkeypatch.setattr(objective.model, "lm_logits", lambda h: seen.append(h.shape) or real(h))
-    tokens, word_starts = structured_batch(rows=16)
+    tokens, word_starts = counting_rows(rows=16)
     torch.manual_seed(3)
     loss, metrics = objective(tokens, word_starts)
-    n_real = (tokens[:, :-1] != SPECIAL["eos"]).sum().item()
+    n_real = (tokens[:, :-1] != TOY_SPECIAL["eos"]).sum().item()
     (n, d), = seen
     assert d == 32 and 0 < n and abs(n - 0.15 * n_real) < 0.05 * n_real
     assert 0.0 <= metrics["accuracy"] <= 1.0
@@ -142,7 +127,7 @@ def test_mlm_logits_only_at_selected_positions(monkeypatch, mode):
 
 def train(objective: Objective, steps: int, lr: float = 3e-3) -> list[dict[str, float]]:
     """Adam on one fixed batch; per-step metrics."""
-    tokens, word_starts = structured_batch()
+    tokens, word_starts = counting_rows()
     optimizer = torch.optim.Adam(objective.parameters(), lr=lr)
     history = []
     for _ in range(steps):
@@ -163,7 +148,7 @@ def test_overfits_one_batch(name, steps, lr):
     """(Fresh masks every step: mlm learns to fill them in from context, not to memorise them.)"""
     history = train(build(name), steps, lr)
     first, last = history[:10], history[-10:]
-    assert mean(first, "loss") > 0.75 * math.log(VOCAB)
+    assert mean(first, "loss") > 0.75 * math.log(TOY_VOCAB)
     assert mean(last, "loss") < 0.25 * mean(first, "loss")
     assert mean(last, "accuracy") > 0.7
 
@@ -190,7 +175,7 @@ def own(module: torch.nn.Module, shared: torch.nn.Module) -> list[torch.nn.Param
 def fresh_losses(objective: Electra) -> tuple[torch.Tensor, torch.Tensor]:
     objective.zero_grad(set_to_none=True)
     torch.manual_seed(1)
-    gen_loss, disc_loss, _ = objective.losses(*structured_batch())
+    gen_loss, disc_loss, _ = objective.losses(*counting_rows())
     return gen_loss, disc_loss
 
 
@@ -220,7 +205,7 @@ def test_electra_gradients_flow_as_designed(tie):
 def test_electra_unused_parameters_are_only_the_discriminator_lm_head():
     """The discriminator's LM head takes no part in the loss: its grads stay None (optimizers skip them)."""
     objective = build("electra", model=dataclasses.replace(tiny_params().model, tie_embeddings=False))
-    loss, _ = objective(*structured_batch())
+    loss, _ = objective(*counting_rows())
     loss.backward()
     unused = {name for name, p in objective.named_parameters() if p.grad is None}
     assert unused == {f"discriminator.head.{n}" for n, _ in objective.discriminator.head.named_parameters()}
@@ -229,7 +214,7 @@ def test_electra_unused_parameters_are_only_the_discriminator_lm_head():
 def test_electra_replacements_come_from_the_generator(monkeypatch):
     """Selected positions get generator samples, never special ids; the rest is the original text."""
     objective = build("electra", mlm=MLMConfig(mask_rate=0.5))
-    tokens, word_starts = structured_batch(rows=16)
+    tokens, word_starts = counting_rows(rows=16)
     seen = {}
     real = objective.discriminator.forward
 
@@ -244,7 +229,7 @@ def test_electra_replacements_come_from_the_generator(monkeypatch):
     changed = corrupted != original
     assert changed.float().mean() > 0.3  # an untrained generator rarely guesses right
     assert not (corrupted[changed] < 5).any()
-    assert (original[changed] != SPECIAL["eos"]).all()
+    assert (original[changed] != TOY_SPECIAL["eos"]).all()
 
 
 def test_roc_auc_agrees_with_scikit_learn():
@@ -267,7 +252,7 @@ def test_electra_generator_width_follows_params():
 def test_electra_builds_on_model_variants(variant):
     """The generator shares the discriminator's embeddings whatever their size or position scheme."""
     objective = build("electra", model=dataclasses.replace(tiny_params().model, **variant))
-    loss, _ = objective(*structured_batch())
+    loss, _ = objective(*counting_rows())
     loss.backward()
     assert torch.isfinite(loss) and objective.generator.embeddings is objective.discriminator.embeddings
 
@@ -276,18 +261,18 @@ def test_electra_builds_on_model_variants(variant):
 
 def pair_parts(ids: list[int]) -> tuple[list[int], list[int]]:
     """(A, B) of one row laid out as [bos] A [eos] B [eos] pad..."""
-    assert ids[0] == SPECIAL["bos"]
-    first = ids.index(SPECIAL["eos"])
-    second = ids.index(SPECIAL["eos"], first + 1)
-    assert all(t == SPECIAL["pad"] for t in ids[second + 1:])
+    assert ids[0] == TOY_SPECIAL["bos"]
+    first = ids.index(TOY_SPECIAL["eos"])
+    second = ids.index(TOY_SPECIAL["eos"], first + 1)
+    assert all(t == TOY_SPECIAL["pad"] for t in ids[second + 1:])
     return ids[1:first], ids[first + 1:second]
 
 
 @pytest.mark.parametrize("task", ["sop", "nsp"])
 def test_sentence_pairs_cut_one_document_and_label_the_flips(task):
     torch.manual_seed(0)
-    tokens, word_starts = structured_batch(rows=64)  # eos at 13: the longest stretch is 14..32
-    pairs = sentence_pairs(tokens, word_starts, task, SPECIAL, 32)
+    tokens, word_starts = counting_rows(rows=64)  # eos at 13: the longest stretch is 14..32
+    pairs = sentence_pairs(tokens, word_starts, task, TOY_SPECIAL, 32)
     assert pairs.tokens.shape == (64, 32) and set(pairs.labels.tolist()) == {0, 1}
     for r in range(64):
         ids = pairs.tokens[r].tolist()
@@ -306,16 +291,16 @@ def test_sentence_pairs_cut_one_document_and_label_the_flips(task):
 
 
 def test_sentence_pairs_skip_windows_without_room_to_cut():
-    row = torch.tensor([[7, SPECIAL["eos"], 8, SPECIAL["eos"], 9, SPECIAL["eos"]]])
-    pairs = sentence_pairs(row, torch.ones_like(row, dtype=torch.bool), "sop", SPECIAL, 5)
+    row = torch.tensor([[7, TOY_SPECIAL["eos"], 8, TOY_SPECIAL["eos"], 9, TOY_SPECIAL["eos"]]])
+    pairs = sentence_pairs(row, torch.ones_like(row, dtype=torch.bool), "sop", TOY_SPECIAL, 5)
     assert pairs.labels.tolist() == [-100]
-    assert pairs.tokens[0].tolist() == [SPECIAL["bos"], 7, SPECIAL["eos"], SPECIAL["pad"], SPECIAL["pad"]]
+    assert pairs.tokens[0].tolist() == [TOY_SPECIAL["bos"], 7, TOY_SPECIAL["eos"], TOY_SPECIAL["pad"], TOY_SPECIAL["pad"]]
 
 
 @pytest.mark.parametrize("task", ["sop", "nsp"])
 def test_mlm_with_a_sentence_task_trains_its_head_outside_the_backbone(task):
     objective = build("mlm", mlm=MLMConfig(sentence=task))
-    tokens, word_starts = structured_batch()
+    tokens, word_starts = counting_rows()
     loss, metrics = objective(tokens, word_starts)
     assert set(metrics) == {"loss", "accuracy", "mlm_loss", f"{task}_loss", f"{task}_accuracy"}
     assert metrics["loss"].item() == pytest.approx((metrics["mlm_loss"] + metrics[f"{task}_loss"]).item(), rel=1e-5)
@@ -340,7 +325,7 @@ def test_flops_per_token_counts_what_each_objective_computes():
     T, rate = 32, mlm.masking.mask_rate
     backbone = mlm.backbone()
     head = backbone.flops_per_token(T) - backbone.flops_per_token(T, predicted=0.0)
-    assert head == 6 * (32 * 32 + 32 * VOCAB) and clm.flops_per_token(T) == clm.backbone().flops_per_token(T)
+    assert head == 6 * (32 * 32 + 32 * TOY_VOCAB) and clm.flops_per_token(T) == clm.backbone().flops_per_token(T)
     assert mlm.flops_per_token(T) == pytest.approx(backbone.flops_per_token(T) - (1 - rate) * head)
     generator = electra.generator.flops_per_token(T, predicted=rate)
     assert 0 < generator < electra.discriminator.flops_per_token(T, predicted=0.0)
@@ -356,22 +341,22 @@ def test_flops_per_token_counts_what_each_objective_computes():
     "that plateau must drop this mark"))])
 def test_electra_discriminator_learns_from_context(monkeypatch, position):
     """With replacements drawn from the text's own token distribution (uniform over ids 5..59 here, as
-    in `structured_batch`), a token's identity says nothing: only its neighbours tell a replaced one
+    in `counting_rows`), a token's identity says nothing: only its neighbours tell a replaced one
     (it breaks the row's count). Trained on fresh batches, the discriminator must rank unseen rows'
     replacements far above their originals; one that reads no context stays at AUC 0.5."""
     model = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=64, position=position)
     objective = build("electra", model=model)
-    uniform = torch.zeros(VOCAB)
+    uniform = torch.zeros(TOY_VOCAB)
     uniform[:5] = float("-inf")
     monkeypatch.setattr(electra_module, "sample", lambda logits: torch.distributions.Categorical(
         logits=uniform.expand(len(logits), -1)).sample())
     optimizer = torch.optim.Adam(objective.parameters(), lr=3e-3)
     for step in range(500):
-        loss, _ = objective(*structured_batch(rows=32, seed=step + 1))
+        loss, _ = objective(*counting_rows(rows=32, seed=step + 1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     objective.eval()
     with torch.no_grad():
-        aucs = [float(objective(*structured_batch(rows=32, seed=10_000 + i))[1]["disc_auc"]) for i in range(4)]
+        aucs = [float(objective(*counting_rows(rows=32, seed=10_000 + i))[1]["disc_auc"]) for i in range(4)]
     assert min(aucs) > 0.8, aucs
