@@ -209,6 +209,7 @@ class Family:
     top: dict[str, str]  # embeddings, projection, pooler and final norm, relative to the base prefix
     heads: list[dict[str, str]]  # the LM head's spellings, outside the base prefix: the first found is read
     conv1d: bool = False  # GPT-2's Conv1D stores weights (in, out): transposed
+    decoder_bias: bool = True  # the LM decoder has a bias of its own beside the head's (ESM's has none)
 
 
 BERT_LIKE = dict(config=bert_config, layers="encoder.layer", layer=BERT_LAYER, top=EMBEDDINGS)
@@ -232,7 +233,7 @@ FAMILIES: dict[str, Family] = {
                    [{"head.decoder": "lm_head"}], conv1d=True),
     "esm": Family(esm_config, "esm.", "encoder.layer", ESM_LAYER,
                   {"embeddings.token": "embeddings.word_embeddings", "embeddings.norm": "embeddings.layer_norm",
-                   "norm": "encoder.emb_layer_norm_after"}, [MLM_HEADS[1]]),
+                   "norm": "encoder.emb_layer_norm_after"}, [MLM_HEADS[1]], decoder_bias=False),
 }
 
 
@@ -391,11 +392,10 @@ def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) 
         for key, part in zip(keys, tensor.chunk(len(keys))):
             tensors[key] = (part.t() if conv1d_weight(spec, target, part) else part).contiguous()
     head = spec.heads[0]
-    if "head.decoder.bias" in head and head["head.decoder.bias"] != f"{head['head.decoder']}.bias" and family != "esm":
+    if spec.decoder_bias and "head.decoder.bias" in head and head["head.decoder.bias"] != f"{head['head.decoder']}.bias":
         # transformers ties the decoder's bias to the head's only while it ties the decoder to the embeddings
-        # (ESM's decoder has no bias of its own)
         tensors[f"{head['head.decoder']}.bias"] = tensors[head["head.decoder.bias"]].clone()
-    if family not in ("gpt2", "esm") and not cfg.segment_vocab:
+    if "embeddings.segment" in spec.top and not cfg.segment_vocab:  # the family has token types: one zero row
         tensors[f"{spec.base}embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.embedding_dim)
     return export_config(cfg, family, special_ids, shift), tensors
 
