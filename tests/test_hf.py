@@ -51,19 +51,16 @@ def build(family: str, folder: Path):
     elif family in ("roberta", "roberta-prelayernorm", "esm"):
         vocab = bpe_tokenizer(folder, dict(bos="<s>", eos="</s>", sep="</s>", cls="<s>", unk="<unk>", pad="<pad>",
                                            mask="<mask>"), roberta=True)
+        ids = {t["content"]: t["id"] for t in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]}
     else:
         vocab = bpe_tokenizer(folder, dict(bos="<|endoftext|>", eos="<|endoftext|>", unk="<|endoftext|>"), roberta=False)
     if family == "bert":
         config, head = transformers.BertConfig(vocab_size=vocab, **small), transformers.BertForMaskedLM
     elif family in ("roberta", "roberta-prelayernorm"):
-        pad = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
-        pad_id = next(t["id"] for t in pad if t["content"] == "<pad>")
         config, head = ((transformers.RobertaConfig, transformers.RobertaForMaskedLM) if family == "roberta" else
                         (transformers.RobertaPreLayerNormConfig, transformers.RobertaPreLayerNormForMaskedLM))
-        config = config(vocab_size=vocab, pad_token_id=pad_id, max_position_embeddings=66, type_vocab_size=1, **small)
+        config = config(vocab_size=vocab, pad_token_id=ids["<pad>"], max_position_embeddings=66, type_vocab_size=1, **small)
     elif family == "esm":
-        specials = json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
-        ids = {t["content"]: t["id"] for t in specials}
         config = transformers.EsmConfig(vocab_size=vocab, pad_token_id=ids["<pad>"], mask_token_id=ids["<mask>"],
                                         position_embedding_type="rotary", emb_layer_norm_before=True, **small)
         head = transformers.EsmForMaskedLM
