@@ -15,7 +15,9 @@ It times teacher and student (size, CPU latency, throughput at a batch; in ONNX 
 served), on the GPU too when there is one, and writes metrics/evaluate.json, DVC plot data under --plots
 (confusion matrices, predicted vs gold, per-entity F1), and reports/ (summary.md, headed by the commit,
 params digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to
-the MLflow parent run; the served tasks' teacher and student are logged as MLflow pyfunc models.
+the MLflow parent run; the served tasks' teacher and student are logged as MLflow pyfunc models and
+registered as a new version of `<tracking.experiment>.<task>-teacher` / `-student`, whose alias `best`
+names the version with the highest dev score (lib.core.tracking).
 """
 import json
 from dataclasses import replace
@@ -25,10 +27,12 @@ from lib.core import runtime
 from lib.core.errors import UserError, run_main
 from lib.core.io import atomic_dir, write_json
 from lib.core.stage import open_stage
+from lib.core.tracking import registered_name
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
 from lib.evaluation.report import describe_provenance, starting_point, write_plots, write_report
+from lib.models.classifier import META_FILE
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
@@ -65,14 +69,17 @@ def main() -> None:
         provenance = {**describe_provenance(args.params, params, run, runtime_facts),
                       "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)
-        for folder, artifact in pyfunc_models(results, args.teachers, args.students):
-            run.log_model(log_pyfunc, folder, artifact)
+        for folder, artifact, metric in pyfunc_models(results, args.teachers, args.students):
+            dev = json.loads((folder / META_FILE).read_text(encoding="utf-8"))["dev"]  # what kept this model
+            run.register_model(run.log_model(log_pyfunc, folder, artifact),
+                               registered_name(params.tracking.experiment, artifact), dev, metric)
 
 
-def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str]]:
-    """(folder, artifact name) of each teacher and student logged as an MLflow pyfunc model: those of the
-    tasks whose type lib.serving.predict serves."""
-    return [(folder / name, f"{name}-{role}") for name, r in results.items() if TYPES[r["type"]].served
+def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str, str]]:
+    """(folder, artifact name, the task's main metric) of each teacher and student logged as an MLflow pyfunc
+    model and registered: those of the tasks whose type lib.serving.predict serves."""
+    return [(folder / name, f"{name}-{role}", r["metric"]) for name, r in results.items()
+            if TYPES[r["type"]].served
             for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 
 

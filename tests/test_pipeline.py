@@ -235,6 +235,11 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     models = client.search_logged_models([evaluate_run.info.experiment_id])
     assert {m.name for m in models if m.source_run_id == evaluate_run.info.run_id} == {
         f"{task}-{role}" for task in ("imdb", "sst2") for role in ("teacher", "student")}
+    assert {m.name for m in client.search_registered_models()} == {
+        f"transfer-pipeline.{task}-{role}" for task in ("imdb", "sst2") for role in ("teacher", "student")}
+    best = client.get_model_version_by_alias("transfer-pipeline.imdb-student", "best")
+    assert best.run_id == evaluate_run.info.run_id and float(best.tags["dev.accuracy"]) == distill["imdb"]["student"][
+        "dev"]["accuracy"]
 
     # nothing changed: the data stage finds every source read already, nothing else runs, nothing is tracked
     out = run(repo, "dvc", "repro")

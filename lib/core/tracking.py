@@ -50,6 +50,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -81,6 +82,12 @@ OWNER_HOST, OWNER_PID = "process.host", "process.pid"  # tags: the process a run
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 SUMMARY = "summary."  # prefix of the tags that hold a run's facts
 ARTIFACTS = "mlruns"  # beside the SQLite store
+# The model registry: evaluate registers each served task's teacher and student as a version of
+# `<experiment>.<task>-<role>`; the alias points at the best of them by dev score
+BEST_ALIAS, DEV = "best", "dev."  # DEV: prefix of a version's dev-score tags (dev.accuracy)
+VERSION_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.objective", "pipeline.init")
+REGISTERED_DESCRIPTION = (f"Registered by the pipeline's evaluate stage, a version per run; alias '{BEST_ALIAS}' is the "
+                          "version with the highest dev score (version tags dev.<metric>).")
 
 
 def tracking_uri() -> str:
@@ -123,6 +130,12 @@ def run_tags(stage: str, all_params: Any) -> dict[str, str]:
             "pipeline.key": f"{commit}/{digest}", "stage": stage}
     # what experiments are compared by: a column and a filter in `mlflow ui` (tags.pipeline.objective = 'electra')
     return tags | {f"pipeline.{key}": str(flat[key]) for key in ("objective", "init") if flat.get(key) is not None}
+
+
+def registered_name(experiment: str, model: str) -> str:
+    """The registered model of `model` (e.g. imdb-student) in `experiment`: letters, digits, '.', '_' and
+    '-' only, so that it reads in a models:/ URI and in a registry search as it is."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"{experiment}.{model}")
 
 
 def _clip(value: Any) -> str:
@@ -231,18 +244,57 @@ class StageRun:
         import mlflow
 
         folder, store = Path(folder).resolve(), _sqlite_store()
-        with self._guarded(f"log model {name}"):
-            mlflow.set_tracking_uri(tracking_uri())
+        with self._guarded(f"log model {name}"), _fluent_store():
             # MLflow writes a model where its relative artifact location points from the working directory
             with contextlib.chdir(store.parent) if store else contextlib.nullcontext():
                 with mlflow.start_run(run_id=self.run_id):
                     return log(folder, name)
         return None
 
+    def register_model(self, model_uri: str | None, name: str, dev: dict[str, float], metric: str) -> None:
+        """Register `model_uri` (a model this run logged) as a new version of the registered model `name`,
+        tagged with what made it (commit, DVC experiment, objective, init) and its dev scores, and point the
+        alias BEST_ALIAS at the version with the highest dev `metric` of all that have one, the newest on a
+        tie: the dev split chose the kept model, never the reported one. Nothing when tracking is off."""
+        if not self.active or model_uri is None:
+            return
+        from mlflow.exceptions import MlflowException
+
+        with self._guarded(f"register model {name}"), _fluent_store():  # where it looks a models:/ source up
+            try:
+                self.client.create_registered_model(name, description=REGISTERED_DESCRIPTION)
+            except MlflowException as err:
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            made_by = {k: v for k, v in self.client.get_run(self.run_id).data.tags.items() if k in VERSION_TAGS}
+            self.client.create_model_version(name, model_uri, run_id=self.run_id,
+                                             tags={**made_by, **{f"{DEV}{m}": str(v) for m, v in dev.items()}},
+                                             model_id=model_uri.removeprefix("models:/"))
+            scored = [v for v in self.client.search_model_versions(f"name = '{name}'") if DEV + metric in v.tags]
+            best = max(scored, key=lambda v: (float(v.tags[DEV + metric]), int(v.version)))
+            self.client.set_registered_model_alias(name, BEST_ALIAS, best.version)
+
     def finish(self, status: str) -> None:
         self._call("end the run", "set_terminated", self.run_id, status)
         if self.parent_id:
             self._call("end the parent run", "set_terminated", self.parent_id, status)
+
+
+@contextlib.contextmanager
+def _fluent_store() -> Iterator[None]:
+    """MLflow's global tracking URI on this store for the block, as MLflow's fluent API and parts of its
+    client (the registry finding a models:/ source) use it; then unset, MLFLOW_TRACKING_URI as it was
+    (set_tracking_uri sets that variable too, which tracking_uri() reads)."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)
+        if before is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 _warned = False
@@ -344,7 +396,9 @@ def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
     from mlflow.entities import RunTag
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri())
+    # the registry in the same store: MLflow's default registry is the default tracking URI, a mlflow.db in the
+    # working directory (a queued experiment's throw-away copy)
+    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
     experiment_id = _experiment_id(client, cfg.experiment)
     _end_dead_runs(client, experiment_id)
     tags = run_tags(stage, all_params)
