@@ -17,11 +17,12 @@ from lib.core.errors import UserError
 from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, special_ids
 from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier
-from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc
+from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc, predict_frame
 from lib.tasks.classification import Example, collate
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS
+BAD = json.loads('"bad \\ud800 film"')  # an unpaired surrogate, as JSON can carry one
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +91,24 @@ def test_any_iterable_of_strings_is_read_once(folders):
     ("single", lambda clf: clf.predict(["fine", None]), "texts[1] is NoneType, not str"),
     ("single", lambda clf: clf.predict("one text"), "wrap a single text in a list"),
     ("pair", lambda clf: clf.predict(["a", "b"], ["c"]), "2 texts but 1 text_pairs"),
+    ("single", lambda clf: clf.predict(["fine", BAD]), r"texts[1] has an unpaired surrogate ('\ud800' at character 4)"),
+    ("pair", lambda clf: clf.predict(["a", "b"], ["c", BAD]), "text_pairs[1] has an unpaired surrogate"),
+    ("single", lambda clf: clf.predict_proba(["a"], batch_size=0), "batch_size is 0; pass a whole number"),
+    ("single", lambda clf: clf.predict(["a"], batch_size=2.5), "batch_size is 2.5; pass a whole number"),
 ])
 def test_bad_input_is_one_user_error_line(folders, folder, call, message):
     with pytest.raises(UserError) as err:
         call(TextClassifier.load(folders[folder]))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_pyfunc_model_names_the_column_and_row_of_a_string_utf8_cannot_encode(folders):
+    import pandas as pd
+
+    # object dtype: a pyarrow-backed string column cannot hold the surrogate at all
+    frame = pd.DataFrame({"text": pd.Series(["fine", BAD], index=[10, 11], dtype=object)})
+    with pytest.raises(UserError, match=r"^model_input\['text'\]\[1\] has an unpaired surrogate"):
+        predict_frame(TextClassifier.load(folders["single"]), frame)
 
 
 def test_a_folder_without_encoding_is_refused(folders, tmp_path):

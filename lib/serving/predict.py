@@ -119,6 +119,8 @@ class TextClassifier:
                       batch_size: int = 32) -> np.ndarray:
         """(len(texts), n_classes) float32 class probabilities, rows in the order of `texts` (any
         iterable of strings: a list, a pandas Series, a generator)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UserError(f"batch_size is {batch_size!r}; pass a whole number of texts per batch, at least 1")
         texts, text_pairs = self._checked_inputs(texts, text_pairs)
         rows = [Row(a, b, UNLABELED) for a, b in zip(texts, text_pairs or [None] * len(texts))]
         examples, _ = encode_rows(rows, self.encoding, self.tokenizer, self.special)
@@ -143,14 +145,20 @@ class TextClassifier:
 
 
 def strings(name: str, values: Iterable[str]) -> list[str]:
-    """`values` as a list, each checked to be a str; `name` is the argument's, for the message."""
+    """`values` as a list, each checked to be a str that UTF-8 can encode (the tokenizer's input);
+    `name` is the argument's, for the message."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise UserError(f"{name} is one {type(values).__name__}, not a list of strings; wrap a single text in a list")
     values = list(values)
-    wrong = next((i for i, value in enumerate(values) if not isinstance(value, str)), None)
-    if wrong is not None:
-        raise UserError(f"{name}[{wrong}] is {type(values[wrong]).__name__}, not str; "
-                        "pass strings (convert or drop missing values first)")
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise UserError(f"{name}[{i}] is {type(value).__name__}, not str; "
+                            "pass strings (convert or drop missing values first)")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate, e.g. from JSON's "\ud800" or a bad decode
+            raise UserError(f"{name}[{i}] has an unpaired surrogate ({value[err.start]!a} at character {err.start}), "
+                            "which no Unicode text has; fix how it was decoded, or drop it") from None
     return values
 
 
@@ -159,8 +167,10 @@ def predict_frame(classifier: TextClassifier, frame: pd.DataFrame) -> pd.DataFra
     with "label" and a p_<label> column per class."""
     import pandas as pd
 
-    # the signature has checked that the columns are there and hold strings
-    probabilities = classifier.predict_proba(*(frame[field].tolist() for field in classifier.encoding.fields))
+    # the signature has checked that the columns are there and hold strings; checked here again so that a
+    # string UTF-8 cannot encode is named by its column and row
+    columns = [strings(f"model_input[{field!r}]", frame[field]) for field in classifier.encoding.fields]
+    probabilities = classifier.predict_proba(*columns)
     labels = [classifier.label_names[i] for i in probabilities.argmax(axis=1)]
     return pd.DataFrame({"label": labels, **{f"{PROBABILITY_PREFIX}{name}": probabilities[:, k].astype(np.float64)
                                              for k, name in enumerate(classifier.label_names)}})
