@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from lib.core.errors import run_main
+from lib.core.errors import INTERRUPTED, end_on_ctrl_c, run_main
 from lib.core.io import atomic_dir, write_json
 from lib.training import checkpoint
 from lib.training.checkpoint import load_checkpoint, save_checkpoint
@@ -100,8 +102,39 @@ def test_a_full_disk_ends_a_stage_in_one_line():
 def test_ctrl_c_ends_a_stage_in_one_line_with_the_shells_exit_code():
     done = run_main_raising("KeyboardInterrupt")
     assert done.returncode == 130
-    assert done.stderr.strip().splitlines() == [
-        "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
+    assert done.stderr.strip().splitlines() == [INTERRUPTED]
+
+
+@pytest.mark.parametrize("stage", STAGE_OUTPUTS)
+def test_ctrl_c_while_a_stage_imports_torch_ends_it_in_one_line(stage, tmp_path):
+    """Ctrl-C in a stage's first seconds, before its main() runs: torch alone takes 1-3 s to import."""
+    outputs = [arg for option in STAGE_OUTPUTS[stage] for arg in (option, str(tmp_path / option.strip("-")))]
+    proc = subprocess.Popen([sys.executable, "-m", f"stages.{stage}", "--params", str(tmp_path / "params.yaml"),
+                             *outputs], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    while proc.poll() is None and "libtorch" not in maps.read_text():  # torch loads its libraries first
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert stderr.splitlines() == [INTERRUPTED]
+
+
+def test_ctrl_c_is_keyboard_interrupt_again_in_main_and_stays_ignored_where_it_was():
+    """A pool of clean's workers relies on KeyboardInterrupt; a stage started in the background ignores Ctrl-C."""
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        end_on_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        end_on_ctrl_c()
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        run_main(lambda: seen.append(signal.getsignal(signal.SIGINT)))
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert seen == [signal.default_int_handler]
 
 
 CLEANING_FOREVER = """
@@ -132,7 +165,7 @@ def test_ctrl_c_while_clean_s_worker_pool_runs_ends_it_in_one_line():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # a hung pool: its workers too
     assert proc.returncode == 130
-    assert stderr.strip().splitlines() == ["interrupted; run the stage again (dvc repro) to resume from its last checkpoint"]
+    assert stderr.strip().splitlines() == [INTERRUPTED]
 
 
 def test_a_denied_permission_met_later_ends_a_stage_in_one_line_naming_the_file():

@@ -2,6 +2,7 @@
 import errno
 import os
 import re
+import signal
 import sys
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -12,6 +13,8 @@ SECRET_QUERY_VALUE = re.compile(r"([?&][^=&\s]*(?:password|passwd|pwd|token|secr
                                 r"[^&\s'\"]+", re.IGNORECASE)  # ?access_token=VALUE&...
 SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+# outputs and checkpoints are written to temporary siblings and renamed: none is half-written
+INTERRUPTED = "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"
 
 
 class UserError(Exception):
@@ -22,20 +25,34 @@ def run_main(main) -> None:
     """Call a stage's main(); turn a UserError, a full disk or a denied permission into a one-line
     message and exit code 2, and Ctrl-C into one line and exit code 130."""
     try:
+        if signal.getsignal(signal.SIGINT) is _end_interrupted:  # main() and the libraries see Ctrl-C as usual
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         main()
     except UserError as err:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        # outputs and checkpoints are written to temporary siblings and renamed: none is half-written
-        print("interrupted; run the stage again (dvc repro) to resume from its last checkpoint", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        _end_interrupted()
     except OSError as err:
         message = os_error_line(err)
         if message is None:
             raise
         print(f"error: {redact(message)}", file=sys.stderr)
         sys.exit(2)
+
+
+def end_on_ctrl_c() -> None:
+    """Make Ctrl-C end this process with run_main's line and exit code from now until run_main starts
+    main(): a stage's imports (torch and the like, 1-4 s) would otherwise end in a traceback of whatever
+    module was loading, and a death by SIGINT. Where Ctrl-C is ignored (a process started in the
+    background), it stays ignored."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _end_interrupted)
+
+
+def _end_interrupted(*signal_args) -> None:
+    print(INTERRUPTED, file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 def os_error_line(err: OSError) -> str | None:
