@@ -154,6 +154,23 @@ def test_threads_follow_the_request_then_omp_then_the_usable_cores(machine, monk
     assert runtime.cpu_threads(0) == 2 and runtime.cpu_threads(5) == 5
 
 
+def test_a_number_asked_above_the_usable_cores_is_capped_at_them(machine, monkeypatch, capsys):
+    """1000 threads on 2 cores ran pretrain 3 times slower and a finetune run 44 times."""
+    assert runtime.cpu_threads(1000) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    assert runtime.cpu_threads(0) == 8
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    before = torch.get_num_threads()
+    try:
+        assert runtime.configure(ImplConfig(precision="fp32", threads=1000), CPU)["threads"] == 8
+    finally:
+        torch.set_num_threads(before)
+    printed = capsys.readouterr()
+    assert printed.err == ("warning: impl.threads is 1000, more than the 8 cores this process may use; running 8 "
+                           "threads (more would wait on each other)\n")
+    assert printed.out == "runtime: cpu, 8 threads (impl.threads capped at the 8 usable cores), precision fp32 (as set)\n"
+
+
 @pytest.mark.parametrize("files, threads", [
     ({"cpu.max": "150000 100000\n"}, 2),  # v2: 1.5 CPUs, rounded up
     ({"cpu.max": "max 100000\n"}, 8),
