@@ -5,9 +5,11 @@ starts its two ranks once and runs each of its cases on them, one after another 
 import copy
 import dataclasses
 import functools
+import importlib
 import json
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from lib.config.params import ModelConfig
-from lib.core.errors import UserError
+from lib.core.errors import UserError, run_main
 from lib.data.packed import PackedTokens
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.objectives import build_objective, save_objective
@@ -29,7 +31,7 @@ from lib.training.budget_loop import Trainer
 from lib.training.distill import distill_task
 from lib.training.finetune import run_variant
 from tests import test_distill, test_finetune
-from tests.helpers import TOY_SPECIAL
+from tests.helpers import TOY_SPECIAL, write_params
 from tests.test_objectives import tiny_params
 from tests.test_budget_loop import CFG, FP32, VOCAB, KillAt, NextToken, curve, packed  # noqa: F401 (packed: a fixture)
 
@@ -200,6 +202,32 @@ def test_a_batch_that_does_not_split_over_the_processes_names_the_key():
     with pytest.raises(UserError, match=r"pretrain.batch_size: 5 does not split evenly over 2 processes"):
         distributed.Context(rank=0, world=2).share(5, "pretrain.batch_size")
     assert distributed.Context(rank=1, world=2).share(8, "k") == slice(4, 8)
+
+
+@pytest.mark.parametrize("stage, splits", [("pretrain", False), ("adapt", False), ("finetune", True),
+                                           ("distill", True)])
+def test_a_batch_that_does_not_split_stops_the_stage_before_torchrun_starts(stage, splits, default_params, tmp_path,
+                                                                          monkeypatch, capsys):
+    """Each rank reading its share found it too, but once per rank, under torchrun's report of failed
+    processes. finetune and distill split batches of any size."""
+    default_params["impl"]["nproc"] = 3  # does not divide the batch_size of 32
+    params = write_params(tmp_path / "params.yaml", default_params)
+    launched = []
+    monkeypatch.setattr(distributed.subprocess, "call", lambda command: launched.append(command) or 0)
+    monkeypatch.setattr(sys, "argv", [stage, "--params", str(params),
+                                      *(arg for name in ("out", "metrics", "plots", "checkpoints")
+                                        for arg in (f"--{name}", str(tmp_path / name)))])
+    main = importlib.import_module(f"stages.{stage}").main
+    if splits:
+        run_main(main)
+        assert len(launched) == 1
+        return
+    with pytest.raises(SystemExit) as done:
+        run_main(main)
+    assert done.value.code == 2 and not launched
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {stage}.batch_size: 32 does not split evenly over 3 processes (impl.nproc); use a multiple of 3"]
+
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
-from lib.config.params import Params, load_params, stage_params
+from lib.config.params import Params, TrainConfig, load_params, stage_params
 from lib.core import tracking
 from lib.core.io import check_writable
 from lib.training import distributed
@@ -30,9 +30,13 @@ class Stage:
     keyed_on: dict[str, Any]  # the params dvc.yaml lists for the stage: what its progress and run are keyed on
 
     def relaunch(self) -> bool:
-        """Under impl.processes > 1, start this stage again under torchrun and return True (the caller
-        returns: the launched processes do the work); False where this process is to do it."""
-        return distributed.relaunch(self.params.impl, f"stages.{self.name}")
+        """Under impl.nproc > 1, start this stage again under torchrun and return True (the caller
+        returns: the launched processes do the work); False where this process is to do it. The token
+        budget stages (pretrain, adapt: a TrainConfig section) give each rank an even share of every
+        batch's rows (lib.training.lm); finetune and distill split batches of any size."""
+        section = getattr(self.params, self.name)
+        split = {f"{self.name}.batch_size": section.batch_size} if isinstance(section, TrainConfig) else {}
+        return distributed.relaunch(self.params.impl, f"stages.{self.name}", split)
 
     def run(self) -> ContextManager[tracking.StageRun]:
         """The stage's MLflow run (a no-op where tracking is off), ended with the stage's status."""

@@ -55,12 +55,9 @@ class Context:
 
     def share(self, n: int, key: str) -> slice:
         """This rank's contiguous part of n rows; n must split evenly, else `key` is named."""
-        if n % self.world:
-            raise UserError(f"{key}: {n} does not split evenly over {self.world} processes (impl.nproc); "
-                            f"use a multiple of {self.world}")
+        check_split(n, self.world, key)
         per = n // self.world
         return slice(self.rank * per, (self.rank + 1) * per)
-
 
     def part(self, group: list[int]) -> tuple[list[int], int]:
         """This rank's contiguous part of a batch's example indices and the factor that turns its
@@ -79,16 +76,26 @@ def part_weight(local: float, whole: float, scale: int) -> float:
     return local / whole * scale if whole else 0.0
 
 
-def relaunch(impl: ImplConfig, module: str) -> bool:
+def check_split(n: int, world: int, key: str) -> None:
+    """n rows must split evenly over `world` processes, else a UserError names `key`."""
+    if n % world:
+        raise UserError(f"{key}: {n} does not split evenly over {world} processes (impl.nproc); "
+                        f"use a multiple of {world}")
+
+
+def relaunch(impl: ImplConfig, module: str, split: dict[str, int]) -> bool:
     """Run `module` (this stage) again under torchrun with impl.nproc processes, unless that is 1 or
-    this process is already one of torchrun's. True when it ran (the caller has nothing left to do)."""
+    this process is already one of torchrun's. True when it ran (the caller has nothing left to do).
+    `split` (key: rows) holds what each rank takes an even share of: checked here, before torchrun
+    starts, so that one that does not split ends in one line, not once per rank under torchrun's report."""
     nproc = impl.nproc
     if nproc <= 1 or TORCHRUN_ENV in os.environ:
         return False
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", module, *sys.argv[1:]]
+    for key, rows in split.items():
+        check_split(rows, nproc, key)
     print(f"impl.nproc = {nproc}: running under torchrun with {impl.strategy}", flush=True)
-    code = subprocess.call(command)
+    code = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                            "-m", module, *sys.argv[1:]])
     if code:
         sys.exit(code)
     return True
