@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from lib.config.params import ModelConfig
+from lib.config.params import ImplConfig, ModelConfig
 from lib.core.errors import UserError, run_main
 from lib.data.packed import PackedTokens
 from lib.data.windows import WindowBatches, fixed_windows
@@ -228,6 +228,18 @@ def test_a_batch_that_does_not_split_stops_the_stage_before_torchrun_starts(stag
     assert capsys.readouterr().err.splitlines() == [
         f"error: {stage}.batch_size: 32 does not split evenly over 3 processes (impl.nproc); use a multiple of 3"]
 
+
+def test_a_torchrun_launch_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """torchrun keeps its ranks' error files in a folder it makes there (torchelastic_*) and never removes."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    (tmp_path / "does_nothing.py").write_text("")
+    monkeypatch.setenv("TMPDIR", str(temp))  # torchrun's temp folder
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # this process's
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["stage"])
+    assert distributed.relaunch(ImplConfig(nproc=2), "does_nothing", {})
+    assert list(temp.iterdir()) == []
 
 
 @functools.cache

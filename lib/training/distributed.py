@@ -25,6 +25,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -94,8 +95,10 @@ def relaunch(impl: ImplConfig, module: str, split: dict[str, int]) -> bool:
     for key, rows in split.items():
         check_split(rows, nproc, key)
     print(f"impl.nproc = {nproc}: running under torchrun with {impl.strategy}", flush=True)
-    code = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                            "-m", module, *sys.argv[1:]])
+    # torchrun's per-rank error files, which it would otherwise leave in the temp folder as torchelastic_*
+    with tempfile.TemporaryDirectory(prefix="torchrun-", ignore_cleanup_errors=True) as logs:
+        code = subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc_per_node={nproc}", f"--log_dir={logs}", "-m", module, *sys.argv[1:]])
     if code:
         sys.exit(code)
     return True
