@@ -1,6 +1,7 @@
 """Loading local and hub sources through `datasets`, with one-line errors for bad input."""
 import gzip
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +22,23 @@ def test_sharded_files_join_one_split(tmp_path):
     write_jsonl_gz(tmp_path / "train-00000.jsonl.gz", [{"text": "a"}])
     write_jsonl_gz(tmp_path / "train-00001.jsonl.gz", [{"text": "b"}])
     assert sorted(read_texts(str(tmp_path), "train", "text", "k")) == ["a", "b"]
+
+
+def test_parquet_shards_join_one_split(tmp_path):
+    for i, text in enumerate("ab"):
+        pq.write_table(pa.table({"text": [text]}), tmp_path / f"train-0000{i}-of-00002.parquet")
+    assert sorted(read_texts(str(tmp_path), "train", "text", "k")) == ["a", "b"]
+
+
+@pytest.mark.parametrize("names", [("train.jsonl", "train.jsonl.gz"), ("train.jsonl.gz", "train-00000.jsonl.gz"),
+                                   ("train-00000.jsonl", "train-00000.jsonl.gz")])
+def test_two_files_of_one_split_that_are_not_shards_are_one_line(tmp_path, names):
+    """They were read as one split, every row twice where they held the same rows."""
+    for name in names:
+        (tmp_path / name).write_bytes(gzip.compress(b'{"text": "a"}\n') if name.endswith(".gz") else b'{"text": "a"}\n')
+    with pytest.raises(UserError, match=rf"^tasks.x.source: '{re.escape(str(tmp_path))}' has 2 files for split 'train' "
+                                        rf"\({', '.join(sorted(names))}\); keep one, or name its parts as shards"):
+        list_splits(str(tmp_path), "tasks.x.source")
 
 
 def test_single_file_is_train_split(tmp_path):
@@ -99,6 +117,13 @@ def test_broken_json_is_one_line(tmp_path):
     with pytest.raises(UserError) as info:
         list(read_texts(str(tmp_path), "train", "text", "corpora.pretrain"))
     assert str(info.value).startswith("corpora.pretrain: cannot read") and "\n" not in str(info.value)
+
+
+def test_an_unreadable_file_is_named(tmp_path):
+    whole = gzip.compress(b"".join(b'{"text": "row %d"}\n' % i for i in range(5000)))
+    (tmp_path / "train.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=rf"^k: cannot read '{re.escape(str(tmp_path / 'train.jsonl.gz'))}' \(EOFError"):
+        list(read_texts(str(tmp_path), "train", "text", "k"))
 
 
 def test_non_text_field(tmp_path):

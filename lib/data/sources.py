@@ -3,7 +3,8 @@
 A source is a local file or folder of .jsonl/.json/.txt/.csv/.tsv (optionally .gz) or .parquet files, or a
 hub dataset written `hf:<org>/<name>[/<config>][@<revision>]` (e.g. `hf:nyu-mll/glue/sst2@bcdcba7`).
 In a folder, a file's split is its name up to the first dot (`train.jsonl.gz` -> train; shards
-`train-00001.parquet` join split train; hidden files are skipped); a single file is split `train`.
+`train-00001.parquet` join split train, and only shards: two other files of one split are an error;
+hidden files are skipped); a single file is split `train`.
 A .json file holds JSON Lines or one array of objects; a CSV or TSV file's first line names its fields,
 and a field with the delimiter, a quote or a line break in it is quoted ("a, b"), as spreadsheets write
 it. Rows are streamed, never loaded whole, and fields are mapped by name. The stages read local folders
@@ -53,13 +54,24 @@ def local_files(source: str, key: str) -> dict[str, list[str]]:
     formats = {_format(data_suffix(p)) for p in candidates}
     if len(formats) > 1:
         raise UserError(f"{key}: '{source}' mixes file formats ({', '.join(sorted(formats))}); keep one per source")
-    splits: dict[str, list[str]] = defaultdict(list)
+    splits: dict[str, list[Path]] = defaultdict(list)
     for p in candidates:
         if p.stat().st_size == 0:
             raise UserError(f"{key}: '{p}' is empty; remove it or fill it")
-        split = "train" if path.is_file() else SHARD_SUFFIX.sub("", p.name[: -len(data_suffix(p))])
-        splits[split].append(str(p))
-    return dict(splits)
+        splits["train" if path.is_file() else SHARD_SUFFIX.sub("", _stem(p))].append(p)
+    for split, paths in splits.items():
+        stems = [_stem(p) for p in paths]
+        # only shards join a split: train.jsonl beside train.jsonl.gz is most likely one split saved twice
+        if len(paths) > 1 and (len(set(stems)) < len(stems) or not all(SHARD_SUFFIX.search(s) for s in stems)):
+            raise UserError(f"{key}: '{source}' has {len(paths)} files for split '{split}' "
+                            f"({', '.join(p.name for p in paths)}); keep one, or name its parts as shards "
+                            f"({split}-00000, {split}-00001, ...)")
+    return {split: [str(p) for p in paths] for split, paths in splits.items()}
+
+
+def _stem(path: Path) -> str:
+    """A data file's name without its data suffix: train-00001.jsonl.gz -> train-00001."""
+    return path.name[: -len(data_suffix(path))]
 
 
 def list_splits(source: str, key: str) -> list[str]:
@@ -128,7 +140,16 @@ def _batches(source: str, split: str, key: str) -> Iterator[dict[str, list]]:
     except StopIteration:  # how datasets' json reader reports a file without a single row
         return
     except Exception as err:
-        raise UserError(f"{key}: cannot read '{source}' split '{split}' ({describe(err)})") from None
+        raise UserError(f"{key}: cannot read {_shown_split(source, split, key)} ({describe(err)})") from None
+
+
+def _shown_split(source: str, split: str, key: str) -> str:
+    """How an error names a split: its file where it is one local file, else the source and the split."""
+    if not source.startswith(HUB_PREFIX):
+        files = local_files(source, key).get(split, [])
+        if len(files) == 1:
+            return f"'{files[0]}'"
+    return f"'{source}' split '{split}'"
 
 
 def read_rows(source: str, split: str, fields: dict[str, str], key: str, max_rows: int | None = None,
