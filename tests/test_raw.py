@@ -3,6 +3,7 @@ data/raw, local sources copied and re-read when their content changes, one-line 
 import gzip
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import datasets
@@ -14,7 +15,8 @@ import yaml
 from lib.config.params import load_params
 from lib.core.errors import UserError
 from lib.data.corpus import eval_texts
-from lib.data.raw import EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, write_eval_text_spec
+from lib.data.raw import (EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, up_to_date,
+                          write_eval_text_spec)
 from lib.data.sources import HubId, local_files, parse_hub, read_records
 from lib.tasks import check_tasks, field_kinds
 from tests.helpers import ROOT, SHARED_DATA, write_jsonl_gz
@@ -110,6 +112,10 @@ def params_for(tmp_path: Path, mirror: Path | None, **sources: str):
     raw["corpora"]["domain"]["source"] = sources.get("domain", IMDB)
     raw["tasks"] = {"imdb": {**raw["tasks"]["imdb"], "source": sources.get("imdb", IMDB)},
                     "sst2": {**raw["tasks"]["sst2"], "source": sources.get("sst2", SST2)}}
+    if "sst2" in sources:  # the local tasks here have train and test
+        raw["tasks"]["sst2"]["eval_splits"] = ["test"]
+    if "domain" in sources:  # and the local corpora train alone
+        raw["corpora"]["domain"]["splits"] = ["train"]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_params(path, [check_tasks])
@@ -142,6 +148,7 @@ def test_a_hub_row_cap_reads_no_more_than_it(tmp_path, monkeypatch):
     fake_hub(tmp_path, rows, monkeypatch)
     params = params_for(tmp_path, None)
     params.corpora.pretrain.max_docs = 10
+    params.corpora.pretrain.valid_split = None  # the first 10 articles are all dealt into train
     report = read_all(params, tmp_path / "raw")
     assert sum(report["wikipedia_en"]["rows"].values()) == 10
     assert json.loads((tmp_path / "raw" / "wikipedia_en" / ".source.json").read_text())["identity"]["max_rows"] == 10
@@ -206,7 +213,7 @@ def test_a_local_source_of_each_format_reads_back_from_data_raw_as_its_splits(tm
 def test_a_single_local_file_becomes_split_train(tmp_path):
     tiny_mirror(tmp_path / "mirror")
     corpus = write_jsonl_gz(tmp_path / "my.corpus.jsonl.gz", [{"text": "one"}, {"text": "two"}])
-    report = read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(corpus)), tmp_path / "raw")
+    report = read_all(params_for(tmp_path, tmp_path / "mirror", domain=str(corpus)), tmp_path / "raw")
     assert report[raw_name(str(corpus), "k")]["rows"] == {"train": 2}
 
 
@@ -224,6 +231,42 @@ def test_a_missing_local_source_is_one_line_naming_its_key(tmp_path):
     tiny_mirror(tmp_path / "mirror")
     with pytest.raises(UserError, match=r"^tasks.sst2.source: '/no/such/folder' does not exist$"):
         read_all(params_for(tmp_path, tmp_path / "mirror", sst2="/no/such/folder"), tmp_path / "raw")
+
+
+def test_a_split_the_source_lacks_is_one_line_naming_the_source_as_params_write_it(tmp_path):
+    """Before anything is read, and again when nothing is to be read: the stages after `data` would name
+    data/raw's copy (data/raw/reviews-6e346321), which the user never wrote."""
+    tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}])
+    write_jsonl_gz(local / "test.jsonl.gz", [{"text": "fine", "label": 1}])
+    params = params_for(tmp_path, tmp_path / "mirror", sst2=str(local))
+    params.tasks["sst2"].eval_splits = ["validation"]
+    message = rf"^tasks.sst2.eval_splits: split 'validation' not in '{re.escape(str(local))}' \(it has: test, train\); "
+    with pytest.raises(UserError, match=message):
+        read_all(params, tmp_path / "raw")
+    assert not any((tmp_path / "raw").iterdir())
+    params.tasks["sst2"].eval_splits = ["test"]
+    read_all(params, tmp_path / "raw")
+    assert up_to_date(params, tmp_path / "raw")
+    params.tasks["sst2"].eval_splits = ["validation"]
+    with pytest.raises(UserError, match=message):
+        up_to_date(params, tmp_path / "raw")
+    (tmp_path / "my.csv").write_text("text,label\ngood,1\n")
+    with pytest.raises(UserError, match=r"^tasks.sst2.eval_splits: split 'test' not in .*my.csv' \(it has: train\); "
+                                        r"a single file is split train alone: give a folder with a file per split"):
+        read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(tmp_path / "my.csv")), tmp_path / "raw")
+
+
+def test_a_local_file_that_cannot_be_read_is_named_not_its_copy(tmp_path):
+    tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    write_jsonl_gz(local / "test.jsonl.gz", [{"text": "fine", "label": 1}])
+    whole = gzip.compress(b"".join(b'{"text": "row %d", "label": 1}\n' % i for i in range(5000)))
+    (local / "train.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    file = re.escape(str(local / "train.jsonl.gz"))
+    with pytest.raises(UserError, match=rf"^tasks.sst2.source: cannot read '{file}' \(EOFError: Compressed file"):
+        read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(local)), tmp_path / "raw")
 
 
 def test_no_network_and_no_copy_is_one_line_before_anything_is_read(tmp_path, monkeypatch):
@@ -253,12 +296,13 @@ def test_a_source_read_earlier_needs_neither_mirror_nor_hub(tmp_path, monkeypatc
     tiny_mirror(tmp_path / "mirror")
     local = tmp_path / "reviews"
     write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}])
+    write_jsonl_gz(local / "test.jsonl.gz", [{"text": "fine", "label": 1}])
     read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(local)), tmp_path / "raw")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     write_jsonl_gz(local / "train.jsonl.gz", [{"text": "good", "label": 1}, {"text": "bad", "label": 0}])
     report = read_all(params_for(tmp_path, tmp_path / "gone", sst2=str(local)), tmp_path / "raw")
     assert report["imdb"]["origin"].startswith("kept") and report["wikipedia_en"]["origin"].startswith("kept")
-    assert report[raw_name(str(local), "k")]["rows"] == {"train": 2}
+    assert report[raw_name(str(local), "k")]["rows"] == {"test": 1, "train": 2}
 
 
 def test_clean_reads_the_evaluation_texts_the_data_stage_names(tmp_path):

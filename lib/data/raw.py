@@ -241,7 +241,8 @@ def localize(params: Params, raw_dir: Path) -> Params:
 def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     """Read every source of `params` into out/<name>/ (skipping those already there with the same
     identity) and remove the names no source uses any more; returns per name what was done. Every
-    source is checked before any is read, so one that cannot be read leaves `out` as it was."""
+    source, and every split params name of it (check_splits), is checked before any is read, so one that
+    cannot be read leaves `out` as it was (a hub download's splits are known, and checked, once read)."""
     out.mkdir(parents=True, exist_ok=True)
     mirror = None if params.data.mirror is None else _from_root(params.data.mirror)
     named = uses(params)
@@ -249,6 +250,8 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     kept = {name: _kept_rows(out / name, identity) for name, identity in identities.items()}
     # only what is to be read is asked for (the hub may be offline for one already read)
     plans = {name: origin_of(use, name, mirror) for name, use in named.items() if kept[name] is None}
+    check_splits(params, {name: kept[name] if kept[name] is not None else planned_splits(use, plans[name])
+                          for name, use in named.items()})
     report = {}
     for name, use in named.items():
         started = time.perf_counter()
@@ -267,7 +270,43 @@ def read_all(params: Params, out: Path) -> dict[str, dict[str, Any]]:
     for stale in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in named):
         shutil.rmtree(stale)
         print(f"data: {stale.name}: no source uses it any more, removed", flush=True)
+    check_splits(params, {name: done["rows"] for name, done in report.items()})  # a hub source's, now known
     return report
+
+
+def planned_splits(use: Use, origin: str) -> list[str] | None:
+    """The splits `use.source` will have in data/raw when read from `origin` (origin_of's), where known
+    before reading: a local source's or a mirror copy's files; None for the hub (a layout renames or deals its
+    splits as it reads them)."""
+    kind, _, where = origin.partition(" ")
+    key = f"{use.keys[0]}.source"
+    if kind == "local":
+        return list(local_files(str(_from_root(use.source)), key))
+    return list(local_files(where, key)) if kind == "mirror" else None
+
+
+def check_splits(params: Params, splits: dict[str, Iterable[str] | None]) -> None:
+    """Raise UserError naming the params key and the source as params write it for a split params name
+    that the source does not have (`splits`: data/raw name -> the source's splits, None where not known yet).
+    The stages after `data` read data/raw's copy, whose name would tell the user nothing."""
+    wanted = []
+    for corpus_name in ("pretrain", "domain"):
+        corpus, key = getattr(params.corpora, corpus_name), f"corpora.{corpus_name}"
+        wanted += [(f"{key}.splits", corpus.source, split) for split in corpus.splits]
+        if corpus.valid_split is not None:
+            wanted.append((f"{key}.valid_split", corpus.source, corpus.valid_split))
+    for name, task in params.tasks.items():
+        wanted.append((f"tasks.{name}.train_split", task.source, task.train_split))
+        wanted += [(f"tasks.{name}.eval_splits", task.source, split) for split in task.eval_splits]
+    for key, source, split in wanted:
+        have = splits.get(raw_name(source, key))
+        if have is not None and split not in have:
+            file, fix = _from_root(source), "name one of its splits"
+            if file.is_file():
+                suffix = data_suffix(file)
+                fix = (f"a single file is split train alone: give a folder with a file per split (train{suffix}, "
+                       f"validation{suffix}, ...)")
+            raise UserError(f"{key}: split '{split}' not in '{source}' (it has: {', '.join(sorted(have))}); {fix}")
 
 
 def eval_text_spec(params: Params, field_kinds: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
@@ -309,11 +348,17 @@ def read_eval_text_spec(raw_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def up_to_date(params: Params, out: Path) -> bool:
-    """Every source of `params` is in `out` with its identity, and nothing else is."""
+    """Every source of `params` is in `out` with its identity, and nothing else is. Raises UserError
+    (check_splits) when so but params name a split that one of them lacks."""
     named = uses(params)
     kept = {p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")} if out.is_dir() else set()
-    return kept == set(named) and all(_kept_rows(out / name, identity_of(use)) is not None
-                                      for name, use in named.items())
+    if kept != set(named):
+        return False
+    rows = {name: _kept_rows(out / name, identity_of(use)) for name, use in named.items()}
+    if any(r is None for r in rows.values()):
+        return False
+    check_splits(params, rows)
+    return True
 
 
 def identity_of(use: Use) -> dict[str, Any]:
@@ -396,13 +441,16 @@ def fetch(use: Use, origin: str, out: Path) -> dict[str, int]:
 
 
 def copy_local(use: Use, out: Path) -> dict[str, int]:
-    """A local source's data files, as they are (a single file becomes split train)."""
+    """A local source's data files, as they are (a single file becomes split train); returns rows per
+    split, counted in the user's files so that an error names one of them, not the copy."""
     key = f"{use.keys[0]}.source"
     source = _from_root(use.source)
-    for paths in local_files(str(source), key).values():
+    files = local_files(str(source), key)
+    rows = {split: sum(1 for _ in read_records(str(source), split, key)) for split in files}
+    for paths in files.values():
         for path in map(Path, paths):
             shutil.copyfile(path, out / (path.name if source.is_dir() else "train" + data_suffix(path)))
-    return {split: sum(1 for _ in read_records(str(out), split, key)) for split in local_files(str(out), key)}
+    return rows
 
 
 def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[dict]]:
