@@ -167,6 +167,18 @@ def test_str_labels_map_to_sorted_positions(tokenizer, tmp_path):
     assert text_labels(tokenizer, data) == {r["text"]: int(r["label"] == "pos") for r in train + evaluation}
 
 
+def test_str_labels_are_stripped_and_case_variants_refused(tokenizer, tmp_path):
+    """'pos ' beside 'pos' is one class (it once made a 2-class task a 4-class one); 'Pos' beside 'pos' is a
+    typo the task can not guess the class of: one line naming both spellings."""
+    train, evaluation = labeled(40, ["pos", "neg", "pos ", " neg\t"]), labeled(6, ["neg", " pos"], seed=1)
+    data = load(tokenizer, make_task(tmp_path, train, evaluation))
+    assert data.label_names == ["neg", "pos"]
+    assert text_labels(tokenizer, data) == {r["text"]: int(r["label"].strip() == "pos") for r in train + evaluation}
+    with pytest.raises(UserError, match=r"^tasks\.toy\.label_field: split 'train' has labels 'Pos' and 'pos', which "
+                                        r"differ only by case; write each class one way$"):
+        load(tokenizer, make_task(tmp_path, labeled(40, ["pos", "neg", "Pos"]), evaluation))
+
+
 def test_label_names(tokenizer, tmp_path):
     cfg = make_task(tmp_path, labeled(30, [1, 0]), labeled(6, [0, 1], seed=1), label_names=["negative", "positive"])
     data = load(tokenizer, cfg)
@@ -223,6 +235,15 @@ def test_eval_split_without_a_label_field_gives_no_eval(tokenizer, tmp_path):
     unlabeled = [{"idx": i, "text": row["text"]} for i, row in enumerate(labeled(5, [0, 1], seed=1))]
     data = load(tokenizer, make_task(tmp_path, labeled(12, [0, 1]), unlabeled))
     assert data.eval is None and data.train
+
+
+@pytest.mark.parametrize("renamed", ["Label", "LABEL", "label_"])
+def test_eval_split_with_the_label_field_spelled_otherwise_is_one_line(tokenizer, tmp_path, renamed):
+    """Not an unlabeled split (which has no label field at all): finetune would report no evaluation."""
+    evaluation = [{"text": row["text"], renamed: row["label"]} for row in labeled(5, [0, 1], seed=1)]
+    with pytest.raises(UserError, match=rf"^tasks\.toy\.label_field: split 'validation' has no field 'label' but "
+                                        rf"has '{renamed}'; name the label field 'label' in every split"):
+        load(tokenizer, make_task(tmp_path, labeled(12, [0, 1]), evaluation))
 
 
 def test_unlabeled_texts_leave_out_held_out_ones(tokenizer, tmp_path):

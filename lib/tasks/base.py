@@ -174,8 +174,7 @@ class TaskType:
         if not train_items:
             raise UserError(f"{key}: split '{cfg.train_split}' has no usable row (skipped: {train_skipped}); "
                             "check the task's fields and type")
-        # a split without the label field (GLUE's test_unlabeled) is unlabeled: no evaluation items
-        labeled = cfg.label_field in split_columns(cfg.source, eval_split, key)
+        labeled = has_label_field(cfg, eval_split, key)
         eval_items, eval_skipped = self.read(cfg, eval_split, key, train_items) if labeled else ([], {})
         if labeled and not eval_items and not self.unlabeled(eval_skipped):
             raise UserError(f"{key}: split '{eval_split}' has no usable row (skipped: {eval_skipped})")
@@ -332,6 +331,25 @@ def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temper
     """KL(teacher_T || student_T) averaged over the batch, times T^2 (the distributions over the last dim)."""
     return F.kl_div(F.log_softmax(student_logits / temperature, -1), F.log_softmax(teacher_logits / temperature, -1),
                     log_target=True, reduction="batchmean") * temperature**2
+
+
+def has_label_field(cfg: TaskConfig, split: str, key: str) -> bool:
+    """Whether `split` has the task's label field. A split without it (GLUE's test_unlabeled) is unlabeled,
+    unless it has a field of the same name spelled otherwise ('Label' for 'label'): a renamed field, which
+    is a UserError naming both, for its labels would be silently left unread."""
+    columns = split_columns(cfg.source, split, key)
+    if cfg.label_field in columns:
+        return True
+    alike = [c for c in columns if _spelling(c) == _spelling(cfg.label_field)]
+    if alike:
+        raise UserError(f"{key}.label_field: split '{split}' has no field '{cfg.label_field}' but has '{alike[0]}'; "
+                        f"name the label field '{cfg.label_field}' in every split (a split without labels has none)")
+    return False
+
+
+def _spelling(name: str) -> str:
+    """A field name as it reads whatever its case and separators: 'Label', 'LABEL' and 'label_' alike."""
+    return "".join(ch for ch in name.casefold() if ch.isalnum())
 
 
 def read_split(cfg: TaskConfig, split: str, key: str, fields: dict[str, str], also: Sequence[str] = ()):

@@ -3,9 +3,10 @@ confusion matrix.
 
 Read and selected as lib/tasks/base.py's `select` reads every type:
 - Labels come from the data. The class set is the train split's labels, sorted (ints as ints,
-  strings as strings), unless `label_names` fixes the names and so the indices. Every train row must
-  be labeled; an evaluation split whose labels are all missing (GLUE marks them -1) is an unlabeled
-  test split and gives no evaluation examples rather than an error.
+  strings as strings, stripped of surrounding whitespace; two that differ only by case are an error),
+  unless `label_names` fixes the names and so the indices. Every train row must be labeled; an
+  evaluation split whose labels are all missing (GLUE marks them -1) is an unlabeled test split and
+  gives no evaluation examples rather than an error.
 - Dev is hashed out of train by the example's text (both texts of a pair), ties between identical
   texts broken by the class index; texts are laid out and cut as lib/data/encoding.py says.
 - For distillation, unlabeled in-domain texts (`read_unlabeled`) that the teacher alone labels.
@@ -88,11 +89,16 @@ def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[
         if any(text is None or not text.strip() for text in texts):
             empty += 1
             continue
-        rows.append(Row(row["a"], row.get("b"), row["label"] if labeled else UNLABELED))
+        rows.append(Row(row["a"], row.get("b"), _stripped(row["label"]) if labeled else UNLABELED))
     skipped[f"{role}.empty_text"] = empty
     if not rows:
         raise UserError(f"{key}.text_field: split '{split}' has no row with text ({empty} empty)")
     return rows
+
+
+def _stripped(label: Any) -> Any:
+    """A string label without surrounding whitespace ('pos ' is class 'pos'; a blank one is missing)."""
+    return (label.strip() or None) if isinstance(label, str) else label
 
 
 def _unlabeled(label: Any) -> bool:
@@ -116,6 +122,11 @@ def _label_index(cfg: TaskConfig, rows: list[Row], key: str) -> tuple[list[str],
         raise UserError(f"{field}: '{cfg.label_field}' of split '{cfg.train_split}' has mixed types "
                         "(integers and strings); use one type for all labels")
     classes = sorted(values)
+    spellings: dict[str, str] = {}  # a class by its casefolded name: 'Pos' beside 'pos' is a typo, not a class
+    for c in classes:
+        if isinstance(c, str) and spellings.setdefault(c.casefold(), c) != c:
+            raise UserError(f"{field}: split '{cfg.train_split}' has labels {spellings[c.casefold()]!r} and {c!r}, "
+                            "which differ only by case; write each class one way")
     if len(classes) < 2:
         raise UserError(f"{field}: split '{cfg.train_split}' has one class ({classes[0]!r}); "
                         "a classifier needs at least 2")
