@@ -1,6 +1,7 @@
 """Bad input across the stages, one table: each case runs a stage as a user would (a subprocess) on a
 tiny project with one thing broken, and must end in one `error: ...` line that names the cause with
 exit code 2 and no output left behind, or, where skipping is right, finish and count what it skipped."""
+import csv
 import gzip
 import json
 import os
@@ -113,6 +114,38 @@ def moved_answer(row: dict) -> dict:
     return {**row, "answers": {**answers, "answer_start": [starts[0] + 1, *starts[1:]]}}
 
 
+def own_task(folder: str, writers: dict[str, Callable[[Path, str, list[dict]], None]]) -> Callable[[Path], None]:
+    """A data edit: a user's own task in `folder` beside the mirror's datasets, each split written from the sst2
+    split of its name by its writer (task folder, split, rows)."""
+    def edit(data: Path) -> None:
+        for split, write in writers.items():
+            (data / folder).mkdir(exist_ok=True)
+            write(data / folder, split, rows(data / "sst2" / f"{split}.jsonl.gz"))
+    return edit
+
+
+def as_jsonl(folder: Path, split: str, split_rows: list[dict]) -> None:
+    write_jsonl_gz(folder / f"{split}.jsonl.gz", split_rows)
+
+
+def label_renamed(folder: Path, split: str, split_rows: list[dict]) -> None:
+    write_jsonl_gz(folder / f"{split}.jsonl.gz", [{"text": r["text"], "Label": r["label"]} for r in split_rows])
+
+
+def as_csv(folder: Path, split: str, split_rows: list[dict]) -> None:
+    """As a spreadsheet saves it: a header, string labels, a text with a comma or quote quoted."""
+    with open(folder / f"{split}.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["review", "sentiment"])
+        writer.writerows([r["text"], ("negative", "positive")[r["label"]]] for r in split_rows)
+
+
+def own(task: str, **settings: Any) -> dict[str, Any]:
+    """Params that add task `task` from the folder own_task writes in the mirror and finetune it alone."""
+    return {f"tasks.{task}": lambda mirror: {"source": str(mirror / task), **settings},
+            "finetune.tasks": [task], "distill.tasks": [task]}
+
+
 def typed(task: str, **settings: Any) -> dict[str, Any]:
     """Params that finetune `task` alone (lengths the tiny model takes)."""
     return {"finetune.tasks": [task], "distill.tasks": [task], **{f"tasks.{task}.{k}": v for k, v in settings.items()}}
@@ -130,7 +163,7 @@ class Case:
     name: str
     stage: str
     error: str | None  # a fragment of the one-line error; None: the stage must finish
-    params: dict[str, Any] = field(default_factory=dict)  # dotted key -> value
+    params: dict[str, Any] = field(default_factory=dict)  # dotted key -> value, or a function of the mirror's folder
     data: Callable[[Path], None] | None = None  # edits a copy of the tiny data
     check: Callable[[dict], None] | None = None  # on the metrics of a stage that finished
 
@@ -199,15 +232,25 @@ CASES = [
     Case("token files of another tokenizer", "pretrain", "train.json: encoded with another tokenizer than "
          "data/tokens/tokenizer/tokenizer.json; encode the corpora again (dvc repro tokenizer)"),
     Case("the metrics of an earlier stage missing", "evaluate", "missing.json: cannot read it"),
+    Case("a split the source lacks, named as params write the source", "data",
+         "noeval' (it has: train); name one of its splits", params=own("noeval", max_len=32),
+         data=own_task("noeval", {"train": as_jsonl})),
+    Case("an evaluation split with its label field renamed", "finetune",
+         "tasks.renamed.label_field: split 'validation' has no field 'label' but has 'Label'",
+         params=own("renamed", max_len=32), data=own_task("renamed", {"train": as_jsonl, "validation": label_renamed})),
+    Case("a labeled CSV task added as a user adds one: trained and evaluated", "finetune", None,
+         params=own("reviews", text_field="review", label_field="sentiment", max_len=32),
+         data=own_task("reviews", {"train": as_csv, "validation": as_csv}),
+         check=lambda m: m["reviews"]["eval_examples"] == 60 and "eval" in m["reviews"]["variants"]["plain"]
+         and m["reviews"]["train_examples"] + m["reviews"]["dev_examples"] == 150),
 ]
 
 
 def run_case(repo: Path, case: Case, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
     """Case `case` run in `tmp_path`: the stage's process, and the folder its outputs went to."""
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    raw = repo / "data" / "raw"
+    raw, mirror = repo / "data" / "raw", tmp_path / "mirror"
     if case.data:  # an edited copy of the mirror, read by the data stage, unless the case is the data stage's
-        mirror = tmp_path / "mirror"
         shutil.copytree(repo.parent / "shared" / "data", mirror)
         case.data(mirror)
         params["data"]["mirror"] = str(mirror)
@@ -216,7 +259,7 @@ def run_case(repo: Path, case: Case, tmp_path: Path) -> tuple[subprocess.Complet
         section = params
         for part in parents:
             section = section[part]
-        section[last] = value
+        section[last] = value(mirror) if callable(value) else value
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     out = tmp_path / "out"
@@ -266,7 +309,8 @@ def test_bad_input(ran, case):
     done, out = ran[case.name].result()
     if case.error is None:
         assert done.returncode == 0, done.stderr[-2000:]
-        case.check(json.loads((out / "m.json").read_text()))
+        metrics = json.loads((out / "m.json").read_text())
+        assert case.check(metrics), metrics
         return
     assert done.returncode == 2, f"exit {done.returncode}: {done.stderr[-2000:]}"
     lines = done.stderr.strip().splitlines()
