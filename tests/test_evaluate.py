@@ -270,9 +270,9 @@ def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path
 def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
     for folder in ("finetune/imdb", "distill/imdb", "finetune/stsb", "distill/stsb"):
         (tmp_path / folder).mkdir(parents=True)
-    results = {"imdb": {"type": "classification"}, "stsb": {"type": "regression"}}
+    results = {"imdb": {"type": "classification", "metric": "accuracy"}, "stsb": {"type": "regression", "metric": "spearman"}}
     assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
-        (tmp_path / "finetune/imdb", "imdb-teacher"), (tmp_path / "distill/imdb", "imdb-student")]
+        (tmp_path / "finetune/imdb", "imdb-teacher", "accuracy"), (tmp_path / "distill/imdb", "imdb-student", "accuracy")]
 
 
 def test_a_variants_spread_is_shown_only_over_several_seeds():
