@@ -1,7 +1,8 @@
 """params.yaml validation: every mistake stops at start with one line naming the key."""
 import pytest
 
-from lib.config.params import ParamsError, flatten, load_params
+from lib.config import params as params_module
+from lib.config.params import ParamsError, flatten, load_params, read_recipe, recipe_keys, recipe_names
 from lib.objectives import check_objective
 from lib.tasks import check_tasks, task_metrics
 from tests.helpers import write_params
@@ -285,3 +286,46 @@ def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_par
     assert params.pretrain.budget_flops == 1e14 and params.finetune.plain_lr == 2e-5
     default_params["pretrain"]["budget_flops"] = "1e14 FLOPs"
     assert "pretrain.budget_flops: expected a number, got str '1e14 FLOPs'" in error_of(tmp_path, default_params)
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_every_recipe_loads_over_the_default_params(chdir_root, tmp_path, default_params, recipe):
+    params = load(tmp_path, {**default_params, "recipe": recipe})
+    assert params.recipe == recipe
+    replaced_from_a_checkpoint = {f"finetune.{k}" for k in default_params["finetune"]["with_init"]} if params.init else ()
+    for key, value in flatten(read_recipe(recipe)[0]).items():  # each key it sets is the value used
+        assert flatten(params)[key] == value or key in replaced_from_a_checkpoint
+
+
+def test_the_default_recipe_sets_nothing(chdir_root):
+    assert recipe_names() == ["cpu-demo", "cpu-minilm", "gpu-minilm", "gpu-small"]
+    assert load_params("params.yaml", CHECKS).recipe == "cpu-demo" and recipe_keys("cpu-demo") == []
+
+
+def test_a_recipe_merges_mappings_and_replaces_the_rest(chdir_root, tmp_path, default_params):
+    """cpu-minilm sets tasks' limits and lists: its mappings merge into params.yaml's key by key, its
+    lists and numbers replace params.yaml's whole, whatever params.yaml holds there."""
+    default_params["finetune"].update(variants=["ulmfit", "frozen"], seeds=5)
+    default_params["corpora"]["domain"]["valid_fraction"] = 0.05  # a key the recipe leaves alone
+    params = load(tmp_path, {**default_params, "recipe": "cpu-minilm"})
+    assert params.finetune.variants == ["plain"] and params.finetune.seeds == 1
+    assert params.corpora.domain.max_docs == 2000 and params.corpora.domain.valid_fraction == 0.05
+    assert params.init == "hf:sentence-transformers/all-MiniLM-L6-v2"
+    assert "finetune.seeds" in recipe_keys("cpu-minilm") and "corpora.domain.valid_fraction" not in recipe_keys(
+        "cpu-minilm")
+
+
+def test_an_unknown_recipe_suggests_the_closest(chdir_root, tmp_path, default_params):
+    message = error_of(tmp_path, {**default_params, "recipe": "cpu-minlm"})
+    assert message.endswith("recipe: 'cpu-minlm' is not one of cpu-demo, cpu-minilm, gpu-minilm, gpu-small; "
+                            "did you mean 'cpu-minilm'?")
+
+
+def test_a_bad_key_under_a_recipe_names_both_files(chdir_root, tmp_path, default_params, monkeypatch):
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "mine.yaml").write_text("model: {d_modl: 64}\n")
+    monkeypatch.setattr(params_module, "RECIPES", recipes)
+    message = error_of(tmp_path, {**default_params, "recipe": "mine"})
+    assert message == (f"{tmp_path / 'params.yaml'} with {recipes / 'mine.yaml'}: model.d_modl: unknown key; "
+                       "did you mean 'model.d_model'?")

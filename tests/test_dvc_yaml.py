@@ -11,6 +11,7 @@ import yaml
 from tests.helpers import ROOT
 
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+RECIPES = Path("lib/config/recipes")  # data the params loader reads, not code
 
 
 def module_file(module: str) -> Path | None:
@@ -52,8 +53,9 @@ def docstring_only(path: Path) -> bool:
 
 
 def closure(script: Path) -> set[Path]:
-    """The project files `script` runs: its imports, theirs, and so on."""
-    seen, todo = set(), [script]
+    """The project files `script` runs: its package's __init__.py (`python -m stages.x` runs it first), its
+    imports, theirs, and so on."""
+    seen, todo = set(), [script, *[init for init in [script.parent / "__init__.py"] if (ROOT / init).is_file()]]
     while todo:
         path = todo.pop()
         if path not in seen:
@@ -74,9 +76,16 @@ def test_a_stage_depends_on_every_file_it_runs(stage):
     missing = [str(f) for f in sorted(closure(Path(f"stages/{stage}.py")))
                if not any(f == d or d in f.parents for d in deps)]
     assert not missing, f"dvc.yaml: stage {stage} runs {missing} but does not list it in deps"
-    code = [d for d in deps if d.parts[0] in ("lib", "stages")]
+    code = [d for d in deps if d.parts[0] in ("lib", "stages") and d != RECIPES]
     unused = [str(d) for d in code if not any(f == d or d in f.parents for f in closure(Path(f"stages/{stage}.py")))]
     assert not unused, f"dvc.yaml: stage {stage} lists {unused} in deps but never runs it"
+
+
+@pytest.mark.parametrize("stage", DVC)
+def test_a_stage_reruns_for_its_recipe(stage):
+    """Every stage reads its params through the recipe (lib.config.params.apply_recipe): it reruns when
+    `recipe` names another one or a recipe's file changes."""
+    assert "recipe" in DVC[stage]["params"] and str(RECIPES) in DVC[stage]["deps"]
 
 
 @pytest.mark.parametrize("stage", DVC)

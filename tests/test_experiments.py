@@ -137,3 +137,23 @@ def test_the_shipped_task_types_run_through_the_chain(reproduced, tmp_path):
     for stage in ("finetune", "distill"):
         info = json.loads((repo / f"models/{stage}/conll2003/classifier.json").read_text())
         assert info["type"] == "tagging" and info["label_names"][0] == "O" and info["transformers"], stage
+
+
+def test_a_recipe_is_one_flag_and_its_keys_change_in_its_file(reproduced, tmp_path):
+    """`-S recipe=<name>` runs the chain with the recipe's keys (here: another objective and a budget), the
+    stages say which keys it sets, MLflow tags the runs with it; a key the recipe sets is changed in the
+    recipe's file with `-S <file>:<key>=<value>`. Stopped after pretrain (target `pretrain`)."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    recipe = "lib/config/recipes/tiny-mlm.yaml"
+    (repo / recipe).write_text("# a test's recipe\nobjective: mlm\npretrain: {budget_tokens: 5120}\n")
+    run(repo, "git", "add", recipe)
+    run(repo, "git", "commit", "-qm", "a recipe")
+    out = run(repo, "dvc", "exp", "run", "pretrain", "-S", "recipe=tiny-mlm", "-S", f"{recipe}:pretrain.budget_tokens=2560",
+              "-n", "tiny-mlm")
+    assert f"recipe tiny-mlm ({recipe}) sets, over params.yaml: objective, pretrain.budget_tokens" in out
+    assert "Running stage 'clean'" in out and "Running stage 'pretrain'" in out  # every stage reads the recipe
+    metrics = json.loads((repo / "metrics/pretrain.json").read_text())
+    assert metrics["objective"] == "mlm" and metrics["tokens_seen"] == 2560
+    assert yaml.safe_load((repo / "params.yaml").read_text())["objective"] == "clm"  # params.yaml's, replaced
+    runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "tiny-mlm"]
+    assert runs and {r.data.tags["pipeline.recipe"] for r in runs} == {"tiny-mlm"}

@@ -27,6 +27,7 @@ LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz",
 # sign. DVC writes `-S` values back this way (ruamel, YAML 1.2), so a float field takes them as numbers.
 YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a task's name is a folder and file name of its outputs
+RECIPES = Path(__file__).resolve().parent / "recipes"  # a named recipe is RECIPES/<name>.yaml
 
 
 class ParamsError(UserError):
@@ -558,6 +559,7 @@ class TrackingConfig:
 class Params:
     corpora: Corpora
     tasks: dict[str, TaskConfig]
+    recipe: str = "cpu-demo"  # lib/config/recipes/<recipe>.yaml: its keys replace this file's (apply_recipe)
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda"] = "auto"
     objective: str = "mlm"  # a pretraining objective of lib/objectives
@@ -687,12 +689,58 @@ def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Par
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections at the top level")
     try:
+        raw, recipe_file = apply_recipe(raw)
+    except ParamsError as err:
+        raise ParamsError(f"{path}: {err}") from None
+    where = f"{path} with {recipe_file}" if recipe_file else str(path)
+    try:
         params = build(Params, raw, "")
         for check in checks:
             check(params)
     except ParamsError as err:
-        raise ParamsError(f"{path}: {err}") from None
+        raise ParamsError(f"{where}: {err}") from None
     return params
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def read_recipe(name: Any) -> tuple[dict[str, Any], Path]:
+    """The keys recipe `name` sets (a nested mapping, as in params.yaml) and its file."""
+    names = recipe_names()
+    if not isinstance(name, str):
+        raise ParamsError(f"recipe: expected a recipe's name ({', '.join(names)}), got {_describe(name)}")
+    check_choice(name, names, "recipe")
+    file = RECIPES / f"{name}.yaml"
+    try:
+        keys = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ParamsError(f"recipe: {file} is not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(keys, dict) or "recipe" in keys:
+        raise ParamsError(f"recipe: {file} must be a mapping of params.yaml's keys, without `recipe`")
+    return keys, file
+
+
+def apply_recipe(raw: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    """params.yaml's mapping with its recipe's keys in place, and the recipe's file (None when it sets
+    nothing). A recipe's key replaces params.yaml's: mappings merge key by key, anything else (lists,
+    numbers, null) is replaced whole. So a key a recipe sets is changed in the recipe, not in params.yaml."""
+    keys, file = read_recipe(raw.get("recipe", Params.recipe))
+    return (_merged(raw, keys), file) if keys else (raw, None)
+
+
+def recipe_keys(name: str) -> list[str]:
+    """The dotted keys recipe `name` sets, for the line a stage prints about it."""
+    return sorted(flatten(read_recipe(name)[0]))
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        both_mappings = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merged(merged[key], value) if both_mappings else value
+    return merged
 
 
 def build(cls: type, data: Any, key: str) -> Any:

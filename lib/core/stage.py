@@ -12,11 +12,12 @@ A path argument is `--<name>` (underscores as dashes), its default the path dvc.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
-from lib.config.params import Params, TrainConfig, load_params, stage_params
+from lib.config.params import Params, TrainConfig, load_params, recipe_keys, stage_params
 from lib.core import tracking
 from lib.core.io import check_writable
 from lib.training import distributed
@@ -56,4 +57,8 @@ def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, s
     args = parser.parse_args()
     check_writable(*(getattr(args, option) for option in outputs))
     params = load_params(args.params, checks)
+    keys = recipe_keys(params.recipe)
+    if keys and os.environ.get("RANK", "0") == "0":  # said once: a key a recipe sets is changed in the recipe
+        print(f"recipe {params.recipe} (lib/config/recipes/{params.recipe}.yaml) sets, over {args.params}: "
+              f"{', '.join(keys)}", flush=True)
     return Stage(name, args, params, stage_params(params, name))
