@@ -247,6 +247,20 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     assert len(stage_runs(repo)) == 1 + len(STAGES) + 8 + 2
 
 
+def test_the_models_are_dvc_artifacts(reproduced, tmp_path):
+    """dvc.yaml's artifacts name the model folders: with the run's dvc.lock committed and a version registered
+    (GTO's git tag), `dvc artifacts get` fetches one from the repository (here a local path whose DVC cache
+    holds it)."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    run(repo, "git", "add", "dvc.lock")
+    run(repo, "git", "commit", "-qm", "the repro's lock")
+    assert "Created git tag 'students@v0.0.1'" in run(repo, "gto", "register", "students")
+    run(tmp_path, "dvc", "artifacts", "get", str(repo), "students", "-o", "students")
+    assert sorted(p.name for p in (tmp_path / "students").iterdir()) == ["imdb", "sst2"]
+    assert (tmp_path / "students/imdb/model.safetensors").read_bytes() == (
+        repo / "models/distill/imdb/model.safetensors").read_bytes()
+
+
 def test_param_change_reruns_only_what_depends_on_it(repo):
     """The experiment stops at pretrain (`dvc exp run pretrain`): what reruns above it is the point; the
     stages after it rerun as the objective experiment's do. Their outputs in the workspace stay the objective
