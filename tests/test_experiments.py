@@ -1,12 +1,13 @@
 """Experiments as a user runs them (`dvc exp run -S ...`) on the tiny project of tests/test_pipeline.py after
 its `dvc repro`: another objective, a published checkpoint, a new task, the shipped task types. Apart from
 test_pipeline.py so that pytest-xdist runs the two modules side by side."""
+import csv
 import json
 
 import pytest
 import yaml
 
-from tests.helpers import ROOT, write_jsonl_gz
+from tests.helpers import ROOT
 from tests.test_pipeline import copy_reproduced, head, run, stage_runs
 
 
@@ -78,7 +79,7 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
 
 
 def test_a_new_task_is_one_experiment(reproduced, tmp_path):
-    """A user's own 3-class task from a local folder, added and selected by one `dvc exp run` whose flags
+    """A user's own 3-class task from a local folder of CSV files, added and selected by one `dvc exp run` whose flags
     name only the task (its source, fields, a length the tiny model takes and a train limit; one variant
     to keep the test short): clean
     decontaminates against its evaluation split and, finding nothing new, reruns nothing after it; the
@@ -88,8 +89,12 @@ def test_a_new_task_is_one_experiment(reproduced, tmp_path):
     topics = ["art", "science", "sport"]
     rows = [{"body": r["text"], "topic": topics[len(r["text"]) % 3]}
             for r in head(repo.parent / "shared" / "data" / "sst2" / "train.jsonl.gz", 150)]
-    write_jsonl_gz(repo.parent / "news" / "train.jsonl.gz", rows[:110])
-    write_jsonl_gz(repo.parent / "news" / "validation.jsonl.gz", rows[110:])
+    (repo.parent / "news").mkdir()
+    for split, part in (("train", rows[:110]), ("validation", rows[110:])):  # a header row, quoted commas
+        with open(repo.parent / "news" / f"{split}.csv", "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=["body", "topic"])
+            writer.writeheader()
+            writer.writerows(part)
     out = run(repo, "dvc", "exp", "run", "-S", "+tasks.news={source: ../news, text_field: body, label_field: topic, max_len: 48}",
               "-S", "finetune.tasks=[news]", "-S", "+finetune.max_train_examples.news=60",
               "-S", "finetune.variants=[plain]", "-n", "news")
