@@ -1,5 +1,6 @@
 """Tracking into a temp MLflow store: one parent per pipeline execution, stage runs under it."""
 import contextlib
+import os
 import re
 import shutil
 import socket
@@ -185,15 +186,141 @@ def test_runs_of_a_killed_stage_end_as_killed_when_the_next_stage_opens(store, m
             assert status[live.run_id] == status[live.parent_id] == "RUNNING"
 
 
+def exited_pid() -> int:
+    """The id of a process that has exited, as a stopped DVC's."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
 def test_a_parent_whose_process_died_before_any_stage_opened_is_ended(store):
     stage("clean")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     experiment_id = store.get_experiment_by_name("transfer-pipeline").experiment_id
     orphan = store.create_run(experiment_id, tags={"pipeline.role": "pipeline", "pipeline.key": "another",
                                                    "process.host": socket.gethostname(),
-                                                   "process.pid": dead.stdout.strip()})
+                                                   "process.pid": str(exited_pid())})
     stage("tokenizer")
     assert store.get_run(orphan.info.run_id).info.status == "KILLED"
+
+
+DVC = ["/project/.venv/bin/python3", "/project/.venv/bin/dvc"]  # how a DVC process's command line starts
+
+
+def under_dvc(monkeypatch, *arguments, pid=None):
+    """Stages opened from now on run under `dvc <arguments>`, as process `pid` (by default this process's
+    parent, which lives as long as the test)."""
+    pid = pid or os.getppid()
+    monkeypatch.setattr(tracking, "_ancestors", lambda: [(pid, [*DVC, *arguments]), (1, ["/sbin/init"])])
+    return pid
+
+
+def parents(client) -> list:
+    return [r for r in runs(client) if r.data.tags["pipeline.role"] == "pipeline"]
+
+
+def test_under_dvc_a_finished_stage_hands_the_parent_on_and_the_last_stage_ends_it(store, monkeypatch):
+    """Between two stages of one `dvc repro` the parent is RUNNING, held by DVC; the next stage joins it
+    however long DVC took in between."""
+    driver = under_dvc(monkeypatch, "repro")
+    stage("finetune")
+    [parent] = parents(store)
+    assert parent.info.status == "RUNNING" and parent.data.tags["process.pid"] == str(driver)
+    now = time.time
+    monkeypatch.setattr(time, "time", lambda: now() + tracking.JOIN_WINDOW_S + 1)
+    stage("distill")
+    assert parents(store)[0].info.status == "RUNNING"
+    stage("evaluate")
+    assert tree(store) == [[("finetune", "FINISHED"), ("distill", "FINISHED"), ("evaluate", "FINISHED")]]
+    [parent] = parents(store)
+    assert (parent.info.status, parent.data.tags["pipeline.ended"]) == ("FINISHED", "complete")
+
+
+def test_a_parent_whose_dvc_stopped_between_stages_is_killed_and_resumed_by_the_next_repro(store, monkeypatch):
+    """Ctrl-C stops `dvc repro` after finetune: the next stage to open, of any execution, ends its parent
+    KILLED, saying where it stopped, and the next `dvc repro` resumes it whenever it comes."""
+    under_dvc(monkeypatch, "repro", pid=exited_pid())
+    stage("finetune")
+    under_dvc(monkeypatch, "repro")
+    stage("clean", {"seed": 2})  # another execution
+    stopped = parents(store)[0]
+    assert (stopped.info.status, stopped.data.tags["pipeline.ended"]) == (
+        "KILLED", "after finetune: DVC stopped before distill")
+    now = time.time
+    monkeypatch.setattr(time, "time", lambda: now() + 86400)
+    stage("distill")
+    stage("evaluate")
+    assert tree(store) == [[("finetune", "FINISHED"), ("distill", "FINISHED"), ("evaluate", "FINISHED")],
+                           [("clean", "FINISHED")]]
+    resumed = parents(store)[0]
+    assert (resumed.info.status, resumed.data.tags["pipeline.ended"]) == ("FINISHED", "complete")
+
+
+def test_a_stopped_experiment_is_finished_when_dvc_wrote_its_ref(store, tmp_path, monkeypatch):
+    """Queued experiments whose `dvc exp exec-run` is gone after finetune: DVC writes an experiment's git ref
+    only once it ran to the end (here, say, the later stages were up to date), so the ref decides; a ref older
+    than the run is an earlier run's (`dvc exp run -f` replaces it only at the end)."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "baseline"], check=True)
+    baseline = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    in_an_hour = {**os.environ, "GIT_COMMITTER_DATE": f"@{int(time.time()) + 3600} +0000"}
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "dvc: commit experiment"], check=True, env=in_an_hour)
+    ref = f"refs/exps/{baseline[:2]}/{baseline[2:]}/"
+    subprocess.run([*git, "update-ref", ref + "done", "HEAD"], check=True)
+    subprocess.run([*git, "update-ref", ref + "done-before", baseline], check=True)
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
+    gone = exited_pid()
+    for name in ("done", "done-before", "stopped"):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        under_dvc(monkeypatch, "exp", "exec-run", "--infofile", f"/project/.dvc/tmp/exps/run/{name}/{name}.run",
+                  pid=gone)
+        stage("finetune")
+    monkeypatch.delenv("DVC_EXP_NAME")
+    under_dvc(monkeypatch, "repro")
+    stage("clean")
+    ended = {p.data.tags["dvc.exp_name"]: (p.data.tags["dvc.exp_ref"], p.info.status,
+                                           p.data.tags["pipeline.ended"])
+             for p in parents(store) if p.data.tags["dvc.exp_name"] != "workspace"}
+    assert ended == {"done": (ref + "done", "FINISHED", "complete"),
+                     "done-before": (ref + "done-before", "KILLED", "after finetune: DVC stopped before distill"),
+                     "stopped": (ref + "stopped", "KILLED", "after finetune: DVC stopped before distill")}
+
+
+@pytest.mark.parametrize("commands, driver, until", [
+    ([[*DVC, "exp", "exec-run", "--infofile", "/project/.dvc/tmp/exps/run/1a/1a.run"],  # a queued experiment
+      [*DVC, "exp", "queue-worker", "dvc-exp-cde9b5-1@localhost", "--clean"], [*DVC, "exp", "run", "--run-all"]],
+     0, "evaluate"),
+    ([["/bin/sh", "-c", "python -m dvc repro adapt"], ["python3", "-m", "dvc", "repro", "adapt"]], 1, "adapt"),
+    ([["/usr/local/bin/dvc", "-q", "repro", "dvc.yaml:adapt", "pretrain"]], 0, "adapt"),
+    ([[*DVC, "repro", "--downstream", "adapt"]], 0, "evaluate"),
+    ([[*DVC, "repro", "--glob", "ad*"]], 0, "adapt"),
+    ([[*DVC, "repro", "dvc.yaml"]], 0, "evaluate"),
+    ([[*DVC, "exp", "run", "-S", "seed=2", "adapt"]], 0, "adapt"),
+    ([[*DVC, "exp", "show"], ["vim", "dvc"], ["python", "-m", "pytest"]], None, None),
+])
+def test_the_driver_is_the_nearest_dvc_that_runs_stages_and_its_targets_say_until_which(monkeypatch, commands,
+                                                                                        driver, until):
+    monkeypatch.setenv("DVC_ROOT", str(ROOT))
+    monkeypatch.setattr(tracking, "_ancestors", lambda: [(100 + i, command) for i, command in enumerate(commands)])
+    found = tracking._dvc_driver()
+    assert (found and found[0]) == (driver if driver is None else 100 + driver)
+    assert (found and tracking._last_stage_asked(found[1], tracking._pipeline_order())) == until
+
+
+FAKE_DVC = """
+import os, subprocess, sys
+print(os.getpid(), flush=True)
+subprocess.run([sys.executable, "-c", "from lib.core import tracking; print(tracking._dvc_driver()[0])"], check=True)
+"""
+
+
+def test_a_stage_finds_the_dvc_process_above_it(tmp_path):
+    """A real process tree: a `dvc` script run by Python, as DVC's entry point is, runs a stage-like child."""
+    (tmp_path / "dvc").write_text(FAKE_DVC)
+    done = subprocess.run([sys.executable, str(tmp_path / "dvc"), "exp", "exec-run", "--infofile", "x.run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    driver, *found = done.stdout.split()
+    assert found == [driver], done.stderr[-2000:]
 
 
 def test_artifacts_land_beside_the_store_by_a_relative_path_so_a_copied_store_works(store, tmp_path, monkeypatch):

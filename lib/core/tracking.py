@@ -11,15 +11,27 @@ all params) and joins it when
   - no run under it is RUNNING (those of dead processes were ended first, see below),
   - it has not got past this stage: no run of this stage or of one after it in dvc.yaml has FINISHED
     under it, and
-  - it is still going: its latest stage run FAILED or was KILLED (an interrupted execution: the next
-    `dvc repro`, whenever it comes, resumes it, the restarted stage beside its failed attempt), or that
-    run ended less than JOIN_WINDOW_S ago (the previous stage of this execution handing over).
+  - it is still going: it is RUNNING under the DVC process that runs this stage (the previous stage
+    handing over), or it was interrupted (its latest stage run FAILED or was KILLED, or DVC stopped
+    between stages: the next `dvc repro`, whenever it comes, resumes it, the restarted stage beside its
+    failed attempt), or its latest stage ended less than JOIN_WINDOW_S ago (stages run by hand).
 Otherwise it opens a new parent. So a completed execution is never joined, nor one at other params.
+The parent belongs to the DVC process that drives the execution: the stage's nearest ancestor that is
+`dvc repro`, `dvc exp run` or `dvc exp exec-run` (how DVC's queue runs an experiment). A stage that
+finishes leaves it RUNNING for the next one, unless it is the last stage DVC was asked to run
+(`pipeline.until`: the furthest of the targets in dvc.yaml's order, else the last stage), which ends it
+FINISHED; a stage that fails ends it FAILED. Outside DVC (a stage run by hand) the stage's own process
+holds the parent and ends it as the stage ended.
 
-Dead processes. A stage run, and the parent it opened or joined, carry the host and process id that
-drive them. A stage killed outright (SIGKILL) ends nothing, so the next stage to open marks KILLED
-every RUNNING run of this host whose process is gone, and ends each parent left with no run going as
-its last stage ended (KILLED when it has none).
+Dead processes. A stage run carries the host and process id of its stage, a parent those of the process
+that holds it. A stage killed outright (SIGKILL) ends nothing, nor does DVC stopped between stages, so the
+next stage to open on this host marks KILLED every RUNNING stage (and child) run of this host whose process
+is gone, and settles each parent whose process is gone and which has no run going: as its last stage when
+that FAILED or was KILLED (KILLED when it has none); else FINISHED if the execution completed, KILLED if
+not; why in `pipeline.ended`. Completed means: for a DVC experiment, that DVC wrote its git ref
+(`dvc.exp_ref`, written only for an experiment that ran to the end) after the parent started; for a `dvc
+repro`, that its last stage reached `pipeline.until` (one whose later stages DVC skipped as up to date
+reads KILLED too: they leave no trace). Until then, a parent whose DVC was stopped reads RUNNING.
 
 Store. `<project root>/mlflow.db`, absolute (from DVC_ROOT), so queued experiments that DVC runs in a
 temp copy log to the same store, unless MLFLOW_TRACKING_URI is set. MLflow saves artifact locations as
@@ -46,7 +58,9 @@ If MLflow fails at any point, the stage warns once and goes on without tracking.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -79,6 +93,9 @@ JOIN_WINDOW_S = 600  # a stage starting later than this after the previous one f
 MAX_PARAM_CHARS = 500  # MLflow rejects values over 6000 chars; long lists are unreadable in the UI anyway
 PARENT_ROLE, STAGE_ROLE = "pipeline", "stage"
 OWNER_HOST, OWNER_PID = "process.host", "process.pid"  # tags: the process a run (and its children) lives in
+# parent tags: the last stage, in dvc.yaml's order, that DVC was asked to run; the git ref DVC writes for an
+# experiment that ran to the end; why the parent ended
+UNTIL, EXP_REF, ENDED = "pipeline.until", "dvc.exp_ref", "pipeline.ended"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 SUMMARY = "summary."  # prefix of the tags that hold a run's facts
 ARTIFACTS = "mlruns"  # beside the SQLite store
@@ -146,8 +163,10 @@ def _clip(value: Any) -> str:
 class StageRun:
     """A stage's MLflow run. Every call is safe: the first failure warns once and turns tracking off."""
 
-    def __init__(self, client: Any = None, run_id: str | None = None, parent_id: str | None = None):
-        self.client, self.run_id, self.parent_id = client, run_id, parent_id
+    def __init__(self, client: Any = None, run_id: str | None = None, parent_id: str | None = None, stage: str = "",
+                 ends_pipeline: bool = True):
+        self.client, self.run_id, self.parent_id, self.stage = client, run_id, parent_id, stage
+        self.ends_pipeline = ends_pipeline  # whether its finishing ends the parent (module docstring)
 
     @property
     def active(self) -> bool:
@@ -275,9 +294,11 @@ class StageRun:
             self.client.set_registered_model_alias(name, BEST_ALIAS, best.version)
 
     def finish(self, status: str) -> None:
+        """End the run with `status`, and the parent with it unless the stage FINISHED and the execution goes on."""
         self._call("end the run", "set_terminated", self.run_id, status)
-        if self.parent_id:
-            self._call("end the parent run", "set_terminated", self.parent_id, status)
+        if self.active and self.parent_id and (status != "FINISHED" or self.ends_pipeline):
+            with self._guarded("end the parent run"):
+                _end_parent(self.client, self.parent_id, status, _ending(self.stage, status))
 
 
 @contextlib.contextmanager
@@ -348,48 +369,153 @@ def _children(client: Any, experiment_id: str, run_id: str) -> list:
                               order_by=["attributes.start_time DESC"])
 
 
-def _find_parent(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
-    """The parent of this stage's pipeline execution, None when it needs a new one (module docstring)."""
+def _ancestors() -> list[tuple[int, list[str]]]:
+    """This process's ancestors, nearest first, as (process id, command line); those that cannot be read left out."""
+    import psutil
+
+    ancestors = []
+    for process in psutil.Process().parents():
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or another user's
+            ancestors.append((process.pid, process.cmdline()))
+    return ancestors
+
+
+def _dvc_arguments(command: list[str]) -> list[str] | None:
+    """The arguments `command` gives DVC when it runs DVC (`dvc ...`, `python .../dvc ...`, `python -m dvc
+    ...`), else None."""
+    if command and Path(command[0]).name == "dvc":
+        return command[1:]
+    if len(command) > 1 and Path(command[0]).name.startswith("python"):
+        if Path(command[1]).name == "dvc":
+            return command[2:]
+        if command[1:3] == ["-m", "dvc"]:
+            return command[3:]
+    return None
+
+
+def _dvc_driver() -> tuple[int, argparse.Namespace] | None:
+    """The DVC process that runs this stage's execution, the nearest ancestor that is `dvc repro`, `dvc exp run`
+    or `dvc exp exec-run` (how DVC's queue runs one experiment), as its process id and its arguments as DVC
+    parses them; None outside DVC."""
+    for pid, command in _ancestors():
+        arguments = _dvc_arguments(command)
+        if arguments is None:
+            continue
+        from dvc.cli import DvcParserError, parse_args
+        from dvc.commands.experiments.exec_run import CmdExecutorRun
+        from dvc.commands.experiments.run import CmdExperimentsRun
+        from dvc.commands.repro import CmdRepro
+
+        with contextlib.suppress(DvcParserError):  # another DVC version's command: not ours to read
+            args = parse_args(arguments)
+            if args.func in (CmdRepro, CmdExperimentsRun, CmdExecutorRun):
+                return pid, args
+    return None
+
+
+def _last_stage_asked(args: argparse.Namespace, order: list[str]) -> str | None:
+    """The furthest stage in dvc.yaml's `order` that a DVC command with `args` runs: its targets' furthest, or the
+    last stage when it has no target (`dvc exp exec-run` keeps them in the queue), starts from them (--downstream)
+    or names more than stages (a dvc.yaml file, a folder, --pipeline). None outside a DVC project."""
+    targets = [target.rsplit(":", 1)[-1] for target in getattr(args, "targets", None) or []]  # dvc.yaml:stage
+    named = [[s for s in order if (fnmatch.fnmatchcase(s, t) if getattr(args, "glob", False) else s == t)]
+             for t in targets]
+    whole = any(getattr(args, flag, False) for flag in ("downstream", "pipeline", "all_pipelines"))
+    if not order or not named or not all(named) or whole:
+        return order[-1] if order else None
+    return max((s for stages in named for s in stages), key=order.index)
+
+
+def _reached(stage: str, until: str | None, order: list[str]) -> bool:
+    """Whether `stage` is `until` or after it in `order`; True where either is not in it (nothing to wait for)."""
+    return stage not in order or until not in order or order.index(stage) >= order.index(until)
+
+
+def _experiment_ref() -> str | None:
+    """The git ref of this DVC experiment (refs/exps/<baseline commit, split after 2 digits>/<name>), which DVC
+    writes when the experiment has run to the end; None outside an experiment."""
+    name, baseline = os.environ.get("DVC_EXP_NAME"), os.environ.get("DVC_EXP_BASELINE_REV")
+    if not (name and baseline):
+        return None
+    from dvc.repo.experiments.refs import ExpRefInfo
+
+    return str(ExpRefInfo(baseline, name))
+
+
+def _find_parent(client: Any, experiment_id: str, tags: dict[str, str], owner: dict[str, str]) -> Any:
+    """The parent of this stage's pipeline execution, driven by `owner`; None when it needs a new one (module
+    docstring)."""
     parents = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
                                  filter_string=f"tags.`pipeline.key` = '{tags['pipeline.key']}' "
                                                f"and tags.`pipeline.role` = '{PARENT_ROLE}'")
     if not parents:
         return None
-    parent = parents[0].info
-    stages = _children(client, experiment_id, parent.run_id)
+    parent = parents[0]
+    stages = _children(client, experiment_id, parent.info.run_id)
     order = _pipeline_order()
     this_and_later = order[order.index(tags["stage"]):] if tags["stage"] in order else [tags["stage"]]
     if any(s.info.status == "RUNNING" or (s.info.status == "FINISHED" and s.data.tags.get("stage") in this_and_later)
            for s in stages):
         return None
-    if stages and stages[0].info.status in ("FAILED", "KILLED"):
-        return parent.run_id  # interrupted: resumed whenever it is run again
-    last_end = stages[0].info.end_time if stages else parent.start_time
-    return parent.run_id if time.time() * 1000 - (last_end or 0) < JOIN_WINDOW_S * 1000 else None
+    if parent.info.status == "RUNNING":  # its DVC process lives (those of dead ones were settled): ours, or another's
+        return parent if all(parent.data.tags.get(k) == v for k, v in owner.items()) else None
+    if parent.info.status == "KILLED" or (stages and stages[0].info.status in ("FAILED", "KILLED")):
+        return parent  # interrupted: resumed whenever it is run again
+    last_end = stages[0].info.end_time if stages else parent.info.start_time
+    return parent if time.time() * 1000 - (last_end or 0) < JOIN_WINDOW_S * 1000 else None
 
 
 def _end_dead_runs(client: Any, experiment_id: str) -> None:
     """Mark KILLED the runs left RUNNING by a process of this host that is gone (a stage, a child run of
-    one, killed outright), and settle the parents they leave with no run going."""
+    one, killed outright), and settle the parents whose DVC process is gone."""
     running = client.search_runs([experiment_id], filter_string=f"attributes.status = 'RUNNING' and "
                                                               f"tags.`{OWNER_HOST}` = '{socket.gethostname()}'")
     dead = [r for r in running if not process_alive(int(r.data.tags[OWNER_PID]))]
-    parents = {r.info.run_id for r in dead if r.data.tags.get("pipeline.role") == PARENT_ROLE}
     for run in dead:
-        if run.info.run_id not in parents:
+        if run.data.tags.get("pipeline.role") != PARENT_ROLE:
             client.set_terminated(run.info.run_id, "KILLED")
-            if run.data.tags.get("pipeline.role") == STAGE_ROLE:
-                parents.add(run.data.tags["mlflow.parentRunId"])
-    for parent_id in parents:
-        _settle_parent(client, experiment_id, parent_id)
+    for run in dead:  # after their stages: a parent with a stage still running waits for it
+        if run.data.tags.get("pipeline.role") == PARENT_ROLE:
+            _settle_parent(client, experiment_id, run)
 
 
-def _settle_parent(client: Any, experiment_id: str, parent_id: str) -> None:
-    """A parent still RUNNING with no stage running ends as its last stage did, as StageRun.finish
-    would have ended it, or KILLED when its process died before any stage opened."""
-    stages = _children(client, experiment_id, parent_id)
-    if all(s.info.status != "RUNNING" for s in stages) and client.get_run(parent_id).info.status == "RUNNING":
-        client.set_terminated(parent_id, stages[0].info.status if stages else "KILLED")
+def _settle_parent(client: Any, experiment_id: str, parent: Any) -> None:
+    """End a parent whose DVC process is gone, when no stage runs under it, as the module docstring says."""
+    stages = _children(client, experiment_id, parent.info.run_id)
+    if any(s.info.status == "RUNNING" for s in stages):
+        return
+    if not stages:
+        _end_parent(client, parent.info.run_id, "KILLED", "stopped before any stage")
+        return
+    last, status = stages[0].data.tags.get("stage", ""), stages[0].info.status
+    if status != "FINISHED" or _completed(parent, last):
+        _end_parent(client, parent.info.run_id, status, _ending(last, status))
+    else:
+        order = _pipeline_order()
+        following = order[order.index(last) + 1:] if last in order else []
+        _end_parent(client, parent.info.run_id, "KILLED",
+                    f"after {last}: DVC stopped" + (f" before {following[0]}" if following else ""))
+
+
+def _completed(parent: Any, last: str) -> bool:
+    """Whether the execution of `parent`, whose DVC process is gone after its stage `last` FINISHED, ran to its end:
+    DVC wrote the experiment's git ref after the parent started (not an earlier run's, replaced by `dvc exp run
+    -f`), or outside an experiment `last` reached the stage DVC was asked to run until."""
+    ref = parent.data.tags.get(EXP_REF)
+    if ref:
+        made = _git("-C", str(project_root()), "for-each-ref", "--format=%(committerdate:unix)", ref)
+        return made.isdigit() and int(made) >= parent.info.start_time // 1000
+    return _reached(last, parent.data.tags.get(UNTIL), _pipeline_order())
+
+
+def _ending(stage: str, status: str) -> str:
+    """Why a parent ended with `status`, its last stage `stage` having ended so (the ENDED tag)."""
+    return {"FINISHED": "complete", "FAILED": f"{stage} failed"}.get(status, f"{stage} was killed")
+
+
+def _end_parent(client: Any, parent_id: str, status: str, why: str) -> None:
+    client.set_tag(parent_id, ENDED, why)
+    client.set_terminated(parent_id, status)
 
 
 def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
@@ -402,20 +528,29 @@ def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
     experiment_id = _experiment_id(client, cfg.experiment)
     _end_dead_runs(client, experiment_id)
     tags = run_tags(stage, all_params)
-    owner = {OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid())}
-    parent_id = _find_parent(client, experiment_id, tags)
-    if parent_id is None:
-        parent_tags = {**tags, **owner, "pipeline.role": PARENT_ROLE}
+    driver, order = _dvc_driver(), _pipeline_order()
+    until = _last_stage_asked(driver[1], order) if driver else None
+    owner = {OWNER_HOST: socket.gethostname(), OWNER_PID: str(driver[0] if driver else os.getpid())}
+    execution = {**owner, **({UNTIL: until} if until else {}),
+                 **({EXP_REF: ref} if (ref := _experiment_ref()) else {})}
+    parent = _find_parent(client, experiment_id, tags, owner)
+    if parent is None:
+        parent_tags = {**tags, **execution, "pipeline.role": PARENT_ROLE}
         del parent_tags["stage"]
         name = f"{os.environ.get('DVC_EXP_NAME') or 'repro'} {tags['git.commit'][:7]} {time.strftime('%Y-%m-%d %H:%M')}"
         parent_id = client.create_run(experiment_id, tags=parent_tags, run_name=name).info.run_id
         StageRun(client, parent_id).log_params(all_params)
     else:
-        client.log_batch(parent_id, tags=[RunTag(k, v) for k, v in owner.items()])  # this process drives it now
+        parent_id = parent.info.run_id
+        client.log_batch(parent_id, tags=[RunTag(k, v) for k, v in execution.items()])  # this DVC drives it now
+        if ENDED in parent.data.tags:
+            client.delete_tag(parent_id, ENDED)
         client.update_run(parent_id, status="RUNNING")
-    run = client.create_run(experiment_id, run_name=stage,
-                            tags={**tags, **owner, "pipeline.role": STAGE_ROLE, "mlflow.parentRunId": parent_id})
-    return StageRun(client, run.info.run_id, parent_id)
+    run = client.create_run(experiment_id, run_name=stage, tags={
+        **tags, OWNER_HOST: socket.gethostname(), OWNER_PID: str(os.getpid()), "pipeline.role": STAGE_ROLE,
+        "mlflow.parentRunId": parent_id})
+    ends_pipeline = driver is None or _reached(stage, until, order)
+    return StageRun(client, run.info.run_id, parent_id, stage, ends_pipeline)
 
 
 @contextlib.contextmanager
