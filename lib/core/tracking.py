@@ -102,7 +102,8 @@ ARTIFACTS = "mlruns"  # beside the SQLite store
 # The model registry: evaluate registers each served task's teacher and student as a version of
 # `<experiment>.<task>-<role>`; the alias points at the best of them by dev score
 BEST_ALIAS, DEV = "best", "dev."  # DEV: prefix of a version's dev-score tags (dev.accuracy)
-VERSION_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.objective", "pipeline.init")
+VERSION_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.recipe", "pipeline.objective",
+                "pipeline.init")
 REGISTERED_DESCRIPTION = (f"Registered by the pipeline's evaluate stage, a version per run; alias '{BEST_ALIAS}' is the "
                           "version with the highest dev score (version tags dev.<metric>).")
 
@@ -146,7 +147,8 @@ def run_tags(stage: str, all_params: Any) -> dict[str, str]:
     tags = {"git.commit": commit, "git.dirty": str(dirty).lower(), "dvc.exp_name": exp or "workspace",
             "pipeline.key": f"{commit}/{digest}", "stage": stage}
     # what experiments are compared by: a column and a filter in `mlflow ui` (tags.pipeline.objective = 'electra')
-    return tags | {f"pipeline.{key}": str(flat[key]) for key in ("objective", "init") if flat.get(key) is not None}
+    return tags | {f"pipeline.{key}": str(flat[key]) for key in ("recipe", "objective", "init")
+                   if flat.get(key) is not None}
 
 
 def registered_name(experiment: str, model: str) -> str:
@@ -319,8 +321,8 @@ def _fluent_store() -> Iterator[None]:
 
 
 _warned = False
-CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.objective", "pipeline.init",
-              "stage", OWNER_HOST, OWNER_PID)  # copied from the stage's run where it has them
+CHILD_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.recipe", "pipeline.objective",
+              "pipeline.init", "stage", OWNER_HOST, OWNER_PID)  # copied from the stage's run where it has them
 
 
 def warn(message: str) -> None:
