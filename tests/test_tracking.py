@@ -261,7 +261,8 @@ def test_a_stopped_experiment_is_finished_when_dvc_wrote_its_ref(store, tmp_path
     than the run is an earlier run's (`dvc exp run -f` replaces it only at the end)."""
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "baseline"], check=True)
+    an_hour_ago = {**os.environ, "GIT_COMMITTER_DATE": f"@{int(time.time()) - 3600} +0000"}  # git's time is in s
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "baseline"], check=True, env=an_hour_ago)
     baseline = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     in_an_hour = {**os.environ, "GIT_COMMITTER_DATE": f"@{int(time.time()) + 3600} +0000"}
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "dvc: commit experiment"], check=True, env=in_an_hour)
