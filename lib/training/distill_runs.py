@@ -12,10 +12,11 @@ import torch
 
 from lib.config.params import Params, TaskConfig
 from lib.core.errors import UserError
-from lib.core.io import write_json
+from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import Classifier, save_classifier, saved_type
+from lib.serving.model_card import write_model_card
 from lib.tasks import task_metrics, task_type
 from lib.tasks.base import text_hash
 from lib.training import distributed
@@ -81,7 +82,13 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: Classifier, info: dic
             "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
-    print(f"{name}: {task_dir / STUDENT} as {save_classifier(student, task_dir / STUDENT, teacher_dir, meta)}", flush=True)
+    with atomic_dir(task_dir / STUDENT) as tmp:
+        line = save_classifier(student, tmp, teacher_dir, meta)
+        card = {"transformers": line, "served": kind.served, "params": result.student_params,
+                "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
+                "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
+        write_model_card(tmp, "distill", params, {**meta, **card}, upstream=teacher_dir)
+    print(f"{name}: {task_dir / STUDENT} as {line}", flush=True)
     write_json(task_dir / RESULT, {"fingerprint": run_id, "result": result.__dict__})
     return result
 

@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from lib.config.params import Params
-from lib.core.io import write_json
+from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.models.classifier import save_classifier
 from lib.models.transformer import Transformer
+from lib.serving.model_card import write_model_card
+from lib.tasks import TYPES
 from lib.tasks.base import TaskData
 from lib.training import distributed
 from lib.training.distributed import Context
@@ -31,7 +33,8 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                   run_id: str, run: StageRun, context: Context) -> RunResult:
     """One task x variant x seed: the result kept in `checkpoints` if this configuration (`run_id`) has it,
     else trained now, as a child of `run`. The task's best model so far (by dev score) is kept there too,
-    with the tokenizer of `tokenizer_dir`. Under torchrun every rank trains it; rank 0 alone writes."""
+    with the tokenizer of `tokenizer_dir` (the adapted model's folder) and its model card. Under torchrun
+    every rank trains it; rank 0 alone writes."""
     task_dir = checkpoints / name
     saved, epochs = task_dir / f"{variant}-seed{seed}.json", task_dir / f"{variant}-seed{seed}"
     if saved.is_file():
@@ -71,7 +74,15 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                 "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}
-        print(f"{name}: {task_dir / BEST} as {save_classifier(model, task_dir / BEST, tokenizer_dir, meta)}", flush=True)
+        with atomic_dir(task_dir / BEST) as tmp:
+            line = save_classifier(model, tmp, tokenizer_dir, meta)
+            card = {"transformers": line, "served": TYPES[task.type].served,
+                    "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
+                    "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
+            # a from_scratch model's weights started random: the adapted model's chain is not its own
+            write_model_card(tmp, "finetune", params, {**meta, **card},
+                             upstream=None if variant == "from_scratch" else tokenizer_dir)
+        print(f"{name}: {task_dir / BEST} as {line}", flush=True)
         write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
     write_json(saved, {"fingerprint": run_id, "result": result.__dict__})
     shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again

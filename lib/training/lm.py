@@ -25,6 +25,7 @@ from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
 from lib.objectives import Objective, build_objective, fitting_objective, save_objective
+from lib.serving.model_card import write_model_card
 from lib.training import distributed
 from lib.training.budget_loop import Trainer, flops_budget, planned_tokens
 from lib.training.checkpoint import fingerprint
@@ -84,7 +85,6 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     distributed.unshard(objective, context)  # a sharded model is gathered whole on rank 0
     if not context.main:
         return {}
-    save_model_folder(objective, paths.tokenizer, paths.out)
     final = next(row for row in reversed(state.history) if "val_loss" in row)
     metrics = {**before, **{k: v for k, v in final.items() if k.startswith("val_")},
                "unigram_loss": unigram_loss(train_tokens), "objective": objective.name,
@@ -106,6 +106,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
         metrics["val_perplexity"] = math.exp(min(metrics["val_loss"], 50.0))
         if before:
             metrics["before_val_perplexity"] = math.exp(min(before["before_val_loss"], 50.0))
+    save_model_folder(objective, paths.tokenizer, paths.out, stage, params, metrics)
     write_outputs(metrics, state.history, paths, run)
     shutil.rmtree(paths.checkpoints, ignore_errors=True)  # the model is out: nothing left to resume
     return metrics
@@ -131,20 +132,24 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
 
 def keep_checkpoint(params: Params, objective: Objective, imported: ImportedModel, paths: LMPaths, run: Any) -> None:
     """pretrain.with_init keep: the checkpoint goes on as the pretrained model, with no curves."""
-    save_model_folder(objective, paths.tokenizer, paths.out)
     metrics = {"init": params.init, "family": imported.family, "kept": True, "steps": 0, "objective": objective.name,
                "params": objective.backbone().num_params(), "fresh": sorted(imported.fresh)}
+    save_model_folder(objective, paths.tokenizer, paths.out, "pretrain", params, metrics)
     write_outputs(metrics, [], paths, run)
     print(f"pretrain.with_init is keep: {params.init} goes on unchanged", flush=True)
 
 
-def save_model_folder(objective: Objective, tokenizer_dir: Path, out: Path) -> None:
-    """out/: the backbone (+ the objective's extras) and the tokenizer files, written whole or not at all."""
+def save_model_folder(objective: Objective, tokenizer_dir: Path, out: Path, stage: str, params: Params,
+                      metrics: dict[str, Any]) -> None:
+    """out/: the backbone (+ the objective's extras), the tokenizer files and the model card of `stage`'s
+    `metrics`, written whole or not at all."""
     with atomic_dir(out) as tmp:
         save_objective(objective, tmp)
         for path in tokenizer_dir.iterdir():
             if path.is_file() and path.suffix == ".json" and path.name != "config.json":
                 shutil.copy2(path, tmp / path.name)
+        # adapt's tokenizer folder is the model it started from, whose card tells the chain so far
+        write_model_card(tmp, stage, params, metrics, upstream=tokenizer_dir if stage == "adapt" else None)
 
 
 def write_outputs(metrics: dict[str, Any], history: list[dict], paths: LMPaths, run: Any) -> None:
