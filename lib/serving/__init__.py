@@ -1,1 +1,2 @@
-"""Using a trained task model: prediction in Python and as an MLflow model, ONNX export."""
+"""Using a trained model: prediction in Python and as an MLflow model, ONNX export, the model card every
+model folder carries, and upload to the Hugging Face hub."""
