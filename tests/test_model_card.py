@@ -139,9 +139,18 @@ def test_a_chain_from_a_checkpoint_carries_its_base_model_data_and_stages(tokeni
     assert training_stages(sections["Training"]) == ["pretrain", "adapt", "finetune"]
     assert "`sst2`, revision `bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c`" in sections["Training"]
     assert "lib layout only: ULMFiT's concat pooling" in sections["Model"]
-    assert f"License: that of the base model, [{CHECKPOINT}]" in sections["Intended use and limits"]
+    assert f"License: that of the checkpoint it started from, [{CHECKPOINT}]" in sections["Intended use and limits"]
     assert "from transformers" not in sections["How to use"]
     assert TextClassifier.load(tmp_path / "sst2").predict(["I loved it"])[0] in TINY_LABELS
+
+    # a local checkpoint folder is no hub model: no base_model, and still not the project's license
+    default_params["init"] = "../shared/models/all-MiniLM-L6-v2"
+    local = load_params(write_params(tmp_path / "local.yaml", default_params))
+    save_model_folder(objective, tokenizer, tmp_path / "local", "pretrain", local, {**kept, "init": local.init})
+    front, _, sections = read_card(tmp_path / "local")
+    assert "base_model" not in front and "license" not in front
+    assert "that of the checkpoint it started from, `../shared/models/all-MiniLM-L6-v2`" in sections[
+        "Intended use and limits"]
 
 
 def test_every_model_folder_of_the_tiny_repro_carries_its_card(reproduced):

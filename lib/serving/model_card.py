@@ -30,7 +30,7 @@ from lib.models.transformer import TransformerConfig
 
 CARD_FILE = "README.md"
 PIPELINE = "transfer-pipeline"  # the project: every card's tag
-LICENSE = "apache-2.0"  # the project's; a model started from a published checkpoint comes under that one's
+LICENSE = "apache-2.0"  # the project's
 # the hub's task (pipeline_tag) of a transformers class, by how the class name ends: a task model's ...
 TASK_CLASSES = {"ForSequenceClassification": "text-classification", "ForTokenClassification": "token-classification",
                 "ForQuestionAnswering": "question-answering", "ForMultipleChoice": "multiple-choice"}
@@ -56,7 +56,11 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     `upstream`: the folder the model's weights started from (the stage's input model), whose card's
     chain and datasets this one carries on; None where they started random."""
     before = ModelCard.load(upstream / CARD_FILE) if upstream and (upstream / CARD_FILE).is_file() else None
-    base_model = before.data.base_model if before else _checkpoint(params) if stage == "pretrain" else None
+    # where the chain's weights started: random (the project's license) or the checkpoint params `init` names
+    # (its license, None here; base_model where it is a published one), as the upstream card says
+    checkpoint = stage == "pretrain" and params.init is not None
+    base_model = before.data.base_model if before else _checkpoint(params) if checkpoint else None
+    license = before.data.license if before else None if checkpoint else LICENSE
     task = measured.get("task")
     cfg, cls = read_config(folder), transformers_class(folder)
     loads = cls is not None and (task is None or _hub_task(cls, True) is not None)  # as the model it is
@@ -66,7 +70,7 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     datasets = list(dict.fromkeys([*(before.data.datasets or [] if before else []), *_datasets(stage, params, task)]))
     scores = _eval_results(params, measured, hub_task) if task else None
     data = ModelCardData(
-        license=None if base_model else LICENSE, library_name="transformers" if loads else None,
+        license=license, library_name="transformers" if loads else None,
         base_model=base_model, datasets=datasets or None, pipeline_tag=hub_task,
         tags=[PIPELINE, STAGE_TAGS[stage], *([] if task else [measured["objective"]])],
         model_name=f"{PIPELINE}-{task}-{_role(stage)}" if scores else None, eval_results=scores)
@@ -75,7 +79,7 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
                 "## Training\n\n" + _table(TRAINING_HEADER, rows),
                 "## Evaluation\n\n" + _evaluation(stage, params, measured),
                 "## How to use\n\n" + _how_to_use(measured, cls if loads else None),
-                "## Intended use and limits\n\n" + _limits(params, measured, base_model),
+                "## Intended use and limits\n\n" + _limits(params, measured, base_model, license is None),
                 "## Provenance\n\n" + _provenance(stage, params)]
     (folder / CARD_FILE).write_text(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n", encoding="utf-8")
 
@@ -290,8 +294,8 @@ def _how_to_use(m: dict[str, Any], cls: str | None) -> str:
     return where + "\n\n" + "\n\n".join(f"```python\n{block}\n```" for block in blocks)
 
 
-def _limits(params: Params, m: dict[str, Any], base_model: str | None) -> str:
-    data = "its base model's data and " if base_model else ""
+def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_checkpoint: bool) -> str:
+    data = "its checkpoint's data and " if from_checkpoint else ""
     labels = " and of its labels" if m.get("task") else ""
     lines = [f"- A demonstration model ({m['params']:,} parameters, trained within the budget params set, which by "
              "default fits a 2-core CPU): for research and teaching, and for comparing training recipes. Not for "
@@ -310,8 +314,9 @@ def _limits(params: Params, m: dict[str, Any], base_model: str | None) -> str:
             lines.append(f"- {' '.join(task.data_note.split())}")
     else:
         lines.append("- A language model, not a classifier or an assistant: finetune it for a task first.")
-    if base_model:
-        lines.append(f"- License: that of the base model, [{base_model}](https://huggingface.co/{base_model}).")
+    if from_checkpoint:
+        start = f"[{base_model}](https://huggingface.co/{base_model})" if base_model else f"`{params.init}`"
+        lines.append(f"- License: that of the checkpoint it started from, {start}.")
     return "\n".join(lines)
 
 
