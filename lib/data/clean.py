@@ -189,8 +189,8 @@ _POOL_WORKER: _DocWorker | None = None  # the worker state of a pool process, se
 def _init_pool_process(worker: _DocWorker) -> None:
     global _POOL_WORKER
     _POOL_WORKER = worker
-    # Ctrl-C reaches the whole process group: a worker it stopped could die holding the pool's queue lock,
-    # and Pool.terminate() in the stage would wait for it forever. The stage alone handles it.
+    # Ctrl-C reaches the whole process group: a worker it stopped would never deliver its batch, and the
+    # stage, which waits for the batches in flight before it ends, would wait forever. The stage alone handles it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -231,16 +231,23 @@ class DocumentCleaner:
             return
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else None)
-        # the pool is terminated on leaving the block: at the end, on error, or when the consumer
-        # stops early (closing this generator raises GeneratorExit at its yield)
-        with context.Pool(workers, _init_pool_process, (self._worker,)) as pool:
-            pending: deque[AsyncResult] = deque()
+        pool = context.Pool(workers, _init_pool_process, (self._worker,))
+        pending: deque[AsyncResult] = deque()
+        try:
             for batch in batches:
                 pending.append(pool.apply_async(_process_in_pool, (batch,)))
                 if len(pending) >= 2 * workers:
                     yield from self._decide(pending.popleft().get(), stats)
             while pending:
                 yield from self._decide(pending.popleft().get(), stats)
+        finally:
+            # On every way out (the end, an error, Ctrl-C, a consumer that stops early) the batches in
+            # flight finish and the workers exit on their own. Pool.terminate() could hang instead: a
+            # worker it kills while writing a result leaves the result queue's lock held for good.
+            for result in pending:
+                result.wait()
+            pool.close()
+            pool.join()
 
     def _decide(self, processed: list[_Processed], stats: CleanStats) -> Iterator[str]:
         """Count each document and make the order-dependent dedup decisions; yield the kept texts."""
