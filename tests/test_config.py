@@ -3,7 +3,7 @@ import pytest
 
 from lib.config import params as params_module
 from lib.config.params import ParamsError, flatten, load_params, read_recipe, recipe_keys, recipe_names
-from lib.objectives import check_objective
+from lib.objectives import OBJECTIVES, check_objective
 from lib.tasks import check_tasks, task_metrics
 from tests.helpers import write_params
 
@@ -55,7 +55,8 @@ def test_bool_is_not_an_int(chdir_root, tmp_path, default_params):
 
 def test_bad_choice_suggests(chdir_root, tmp_path, default_params):
     default_params["objective"] = "electr"
-    assert "objective: 'electr' is not one of clm, mlm, electra; did you mean 'electra'?" in error_of(tmp_path, default_params)
+    expected = f"objective: 'electr' is not one of {', '.join(OBJECTIVES)}; did you mean 'electra'?"
+    assert expected in error_of(tmp_path, default_params)
 
 
 def test_vocab_too_small_for_specials(chdir_root, tmp_path, default_params):

@@ -285,6 +285,16 @@ class ElectraConfig:
 
 
 @dataclass
+class PLMConfig:
+    partial_k: int = 6  # XLNet's K: each sequence predicts the last 1/K of its factorisation order
+
+    def validate(self, key: str) -> None:
+        if self.partial_k < 2:
+            raise ParamsError(f"{key}.partial_k: {self.partial_k} must be >= 2 (1/K of the tokens are predicted "
+                              "from the rest)")
+
+
+@dataclass
 class OptimizerConfig:
     """AdamW and the optimizer step (lib/training/optim.py), the same keys in every stage that trains."""
 
@@ -573,6 +583,7 @@ class Params:
     model: ModelConfig = field(default_factory=ModelConfig)
     mlm: MLMConfig = field(default_factory=MLMConfig)
     electra: ElectraConfig = field(default_factory=ElectraConfig)
+    plm: PLMConfig = field(default_factory=PLMConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)

@@ -181,13 +181,24 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None,
+                context: torch.Tensor | None = None, context_rope: tuple | None = None) -> torch.Tensor:
+        """Self-attention over x; with `context` (B, S, C), x's queries attend context's keys and values
+        instead (XLNet's query stream reads the content stream so), rotated by `context_rope` under rope."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if context is None:
+            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+            context_rope = rope
+        else:
+            weight, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, weight[:C], bias[:C]).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+            S = context.shape[1]
+            k, v = F.linear(context, weight[C:], bias[C:]).view(B, S, 2, self.n_heads, C // self.n_heads) \
+                .permute(2, 0, 3, 1, 4).unbind(0)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, *rope), apply_rope(k, *context_rope)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=self.causal and mask is None)
+                                           is_causal=self.causal and mask is None and context is None)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -214,11 +225,14 @@ class Block(nn.Module):
         self.ln2 = cfg.layer_norm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None,
+                context: torch.Tensor | None = None, context_rope: tuple | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); with `context`, attention reads its keys and values (SelfAttention)."""
         if self.pre_norm:
-            x = x + self.attn(self.ln1(x), mask, rope)
+            context = self.ln1(context) if context is not None else None
+            x = x + self.attn(self.ln1(x), mask, rope, context, context_rope)
             return x + self.mlp(self.ln2(x))
-        x = self.ln1(x + self.attn(x, mask, rope))
+        x = self.ln1(x + self.attn(x, mask, rope, context, context_rope))
         return self.ln2(x + self.mlp(x))
 
 
