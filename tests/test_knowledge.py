@@ -5,12 +5,15 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
-from lib.config.params import TokenizerConfig
+from lib.config.params import MLMConfig, ParamsError, TokenizerConfig
 from lib.core.errors import UserError
-from lib.data.knowledge import Knowledge, mine, unit_starts
-from lib.data.packed import PackedTokens, PackedWriter, encode_to_packed
+from lib.data.knowledge import Knowledge, knowledge_units, mine, unit_starts
+from lib.data.packed import PackedTokens, PackedWriter, encode_to_packed, packed_path
 from lib.data.tokenizer import train_tokenizer
+from lib.data.windows import WindowBatches, fixed_windows
+from lib.objectives.masking import mask_tokens
 
 EOS = 3
 FILLER = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -94,6 +97,43 @@ def test_unit_starts_only_clear_word_starts():
     assert flags["phrase"].tolist() == [1, 0, 0, 1] and flags["entity"].tolist() == [1, 0, 0, 1]
 
 
+def test_batches_carry_unit_starts(tmp_path):
+    tokens = [[5, 6, 7, 8, 9, 10, 11, 12]]
+    words = [[1, 1, 1, 0, 1, 1, 1, 1]]
+    phrase = [[1, 0, 1, 0, 1, 1, 0, 1]]
+    entity = [[1, 1, 1, 0, 0, 1, 0, 0]]
+    with PackedWriter(tmp_path / "train", 100, EOS, units=("phrase", "entity")) as writer:
+        writer.add(tokens, words, {"phrase": phrase, "entity": entity})
+    packed = PackedTokens(tmp_path / "train")
+    flags = {units: fixed_windows(packed, 9, 1, 1, units=units)[0][1][0].tolist()
+             for units in [(), ("phrase",), ("entity",), ("phrase", "entity")]}
+    assert flags == {(): [1, 1, 1, 0, 1, 1, 1, 1, 1], ("phrase",): [1, 0, 1, 0, 1, 1, 0, 1, 1],
+                     ("entity",): [1, 1, 1, 0, 0, 1, 0, 0, 1], ("phrase", "entity"): [1, 0, 1, 0, 0, 1, 0, 0, 1]}
+    batch = WindowBatches(packed, 9, 2, seed=0, units=knowledge_units("both")).batch(0)
+    assert batch[1].tolist() == [flags[("phrase", "entity")]] * 2
+
+
+def test_a_masked_phrase_is_masked_whole_end_to_end(tmp_path, wordpiece):
+    """Text to flag files to batches to masks: 'new york' is never masked in part."""
+    encode_to_packed(wordpiece, iter(["we saw new york and again. " * 20]), tmp_path / "train",
+                     wordpiece.get_vocab_size(), EOS, batch_docs=1, knowledge=KNOWLEDGE)
+    packed = PackedTokens(tmp_path / "train")
+    tokens, starts = fixed_windows(packed, packed.n_tokens, 1, 1, units=("phrase",))[0]
+    york = torch.tensor(wordpiece.encode("new york", add_special_tokens=False).ids)
+    at = [i for i in range(tokens.shape[1] - len(york) + 1) if torch.equal(tokens[0, i:i + len(york)], york)]
+    assert len(at) == 20
+    special = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}
+    whole = partly = 0
+    torch.manual_seed(0)
+    for _ in range(50):
+        cfg = MLMConfig(knowledge="phrase")
+        selected = mask_tokens(tokens, starts, special, wordpiece.get_vocab_size(), cfg).selected
+        counts = [int(selected[0, i:i + len(york)].sum()) for i in at]
+        whole += sum(c == len(york) for c in counts)
+        partly += sum(0 < c < len(york) for c in counts)
+    assert partly == 0 and whole > 20
+
+
 def test_writer_refuses_missing_unit_flags_and_leaves_nothing_on_error(tmp_path):
     with pytest.raises(RuntimeError):
         with PackedWriter(tmp_path / "train", 100, EOS, units=("phrase",)) as writer:
@@ -102,6 +142,21 @@ def test_writer_refuses_missing_unit_flags_and_leaves_nothing_on_error(tmp_path)
                 writer.add([[5, 6]], [[1, 1]])
             raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_token_files_without_unit_flags_say_to_re_encode(tmp_path):
+    with PackedWriter(tmp_path / "train", 100, EOS) as writer:
+        writer.add([[5, 6]], [[1, 1]])
+    packed = PackedTokens(tmp_path / "train")
+    assert not packed_path(tmp_path / "train", ".phrase").exists()
+    with pytest.raises(UserError, match=r"train\.json: no phrase flags for mlm\.knowledge; .*dvc repro tokenizer"):
+        fixed_windows(packed, 3, 1, 1, units=("phrase",))
+
+
+def test_knowledge_is_not_combined_with_spans():
+    MLMConfig(knowledge="both", whole_word=True).validate("mlm")
+    with pytest.raises(ParamsError, match=r"^mlm\.knowledge: phrase masks whole phrases or entities, not SpanBERT"):
+        MLMConfig(knowledge="phrase", span=True).validate("mlm")
 
 
 def test_knowledge_file_round_trip(tmp_path):
