@@ -3,11 +3,16 @@
 With `init` set, the checkpoint's own tokenizer (its vocabulary, lowercasing and special tokens) is
 taken instead of training one (lib/models/hf.py), and the corpora are encoded with it.
 
-Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram) and, for
-each corpus and split, `<corpus>/<split>.{bin,idx,wstart,json}`, replaced together, so token files
+Before encoding, phrases and named entities are mined from the pretraining train text the tokenizer
+learns from (lib/data/knowledge.py) for ERNIE's knowledge masking (mlm.knowledge).
+
+Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram),
+`knowledge.json` (the mined phrases and entities with their counts) and, for each corpus and split,
+`<corpus>/<split>.{bin,idx,wstart,phrase,entity,json}`, replaced together, so token files
 never meet another vocabulary (each records the SHA-256 of the tokenizer.json that encoded it, and
 the training stages check it); a metrics JSON and a document-length plot CSV.
 """
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +21,14 @@ from lib.core.errors import run_main
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
 from lib.core.stage import open_stage
+from lib.data import knowledge
 from lib.data.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
 from lib.data.packed import PackedTokens, encode_to_packed
-from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
+from lib.data.tokenizer import TrainingText, read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
 from lib.models.hf import init_folder, save_tokenizer
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
+KNOWLEDGE = "knowledge.json"  # the mined phrases and entities inside --out
 
 
 def main() -> None:
@@ -41,12 +48,14 @@ def main() -> None:
             eos_id = saved_special_ids(out / TOKENIZER)["eos"]
             metrics: dict = {"vocab_size": vocab_size, "algorithm": read_meta(out / TOKENIZER)["algorithm"],
                              "init": params.init}
+            units, metrics["knowledge"] = mine_knowledge(args.clean, cfg.train_chars, out / KNOWLEDGE)
             for corpus in CORPORA:
                 for split in (TRAIN, VALID):
                     prefix = out / corpus / split
                     prefix.parent.mkdir(parents=True, exist_ok=True)
                     stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
                                              vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature,
+                                             knowledge=units,
                                              progress=Progress(f"tokenizer: {corpus}/{split}",
                                                                count_clean(args.clean, corpus, split), "docs"))
                     metrics[f"{corpus}_{split}"] = summarize(stats)
@@ -59,6 +68,20 @@ def main() -> None:
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
         run.log_artifact(args.out / TOKENIZER, "tokenizer")
+        run.log_artifact(args.out / KNOWLEDGE)
+
+
+def mine_knowledge(clean: Path, train_chars: int | None, path: Path) -> tuple[knowledge.Knowledge, dict]:
+    """ERNIE's phrases and entities, mined from the pretraining train text the tokenizer learns from
+    (its first train_chars characters) and saved to `path`; with their metrics."""
+    start = time.perf_counter()
+    units = knowledge.mine(TrainingText(read_clean(clean, "pretrain", TRAIN), train_chars))
+    units.save(path)
+    metrics = {"phrases": len(units.phrases), "entities": len(units.entities),
+               "mining_s": round(time.perf_counter() - start, 1)}
+    print(f"tokenizer: mined {metrics['phrases']} phrases and {metrics['entities']} entities "
+          f"in {metrics['mining_s']} s", flush=True)
+    return units, metrics
 
 
 def summarize(stats) -> dict:

@@ -330,3 +330,12 @@ def test_a_bad_key_under_a_recipe_names_both_files(chdir_root, tmp_path, default
     message = error_of(tmp_path, {**default_params, "recipe": "mine"})
     assert message == (f"{tmp_path / 'params.yaml'} with {recipes / 'mine.yaml'}: model.d_modl: unknown key; "
                        "did you mean 'model.d_model'?")
+
+
+@pytest.mark.parametrize("mlm, message", [
+    ({"knowledge": "phrase", "span": True}, "mlm.knowledge: phrase masks whole phrases or entities, not SpanBERT spans"),
+    ({"knowledge": "entities"}, "mlm.knowledge: 'entities' is not one of none, phrase, entity, both"),
+])
+def test_bad_knowledge_masking_stops_in_one_line(tmp_path, default_params, mlm, message):
+    default_params["mlm"].update(mlm)
+    assert message in error_of(tmp_path, default_params)

@@ -174,3 +174,25 @@ def test_mask_rate_follows_config_and_no_candidates_selects_nothing():
         masked = mask_tokens(only_special, torch.ones_like(only_special, dtype=torch.bool), SPECIAL, VOCAB,
                              MLMConfig(**MODES[mode]))
         assert not masked.selected.any() and torch.equal(masked.inputs, only_special)
+
+
+def test_knowledge_units_are_selected_whole():
+    """ERNIE: with mlm.knowledge the flags are unit starts (a phrase is one word), and selection takes
+    every unit whole, though whole_word is off; whole-word masking on the same text cuts units apart."""
+    tokens, word_starts = batch(rows=32, length=256, seed=4)
+    g = torch.Generator().manual_seed(5)
+    unit_starts = word_starts & ((torch.rand(word_starts.shape, generator=g) < 0.5) | is_special(tokens))
+    units = [[unit for unit in row if word_starts[r, unit].sum() > 1]  # the units of several words
+             for r, row in enumerate(reference_words(tokens, unit_starts))]
+    assert sum(map(len, units)) > 500
+
+    def partly_selected(selected: torch.Tensor) -> int:
+        return sum(0 < selected[r, unit].sum() < len(unit) for r, row in enumerate(units) for unit in row)
+
+    torch.manual_seed(6)
+    knowledge = mask_tokens(tokens, unit_starts, SPECIAL, VOCAB, MLMConfig(knowledge="phrase")).selected
+    whole_word = mask_tokens(tokens, word_starts, SPECIAL, VOCAB, MLMConfig(whole_word=True)).selected
+    assert partly_selected(knowledge) == 0
+    assert sum(bool(knowledge[r, unit].all()) for r, row in enumerate(units) for unit in row) > 100
+    assert partly_selected(whole_word) > 100
+    assert knowledge.sum() / (~is_special(tokens)).sum() == pytest.approx(0.15, abs=0.01)

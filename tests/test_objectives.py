@@ -361,3 +361,13 @@ def test_electra_discriminator_learns_from_context(monkeypatch, position):
     with torch.no_grad():
         aucs = [float(objective(*counting_rows(rows=32, seed=10_000 + i))[1]["disc_auc"]) for i in range(4)]
     assert min(aucs) > 0.8, aucs
+
+
+@pytest.mark.parametrize("knowledge, units", [("none", ()), ("phrase", ("phrase",)), ("entity", ("entity",)),
+                                              ("both", ("phrase", "entity"))])
+def test_masking_objectives_ask_for_their_knowledge_units(knowledge, units):
+    """The batches of mlm and electra (lib/training/lm.py reads `units`) carry the unit starts that
+    mlm.knowledge names; clm masks nothing and reads word starts."""
+    for name in ("mlm", "electra"):
+        assert build(name, mlm=MLMConfig(knowledge=knowledge)).units == units
+    assert build("clm", mlm=MLMConfig(knowledge=knowledge)).units == ()

@@ -255,6 +255,8 @@ class MLMConfig:
     span: bool = False  # SpanBERT: select spans of geometric length
     span_p: float = 0.2  # geometric parameter of span lengths (mean 1/p, clipped to span_max)
     span_max: int = 10
+    # ERNIE 1.0: mask mined phrases and/or named entities whole (lib/data/knowledge.py); implies whole_word
+    knowledge: Literal["none", "phrase", "entity", "both"] = "none"
     sentence: Literal["none", "sop", "nsp"] = "none"  # a sentence-level task beside masked LM (objective: mlm)
     sentence_weight: float = 1.0  # its loss weight
 
@@ -268,6 +270,9 @@ class MLMConfig:
                               "must be shares in [0, 1] adding up to at most 1 (the rest is kept unchanged)")
         if self.whole_word and self.span:
             raise ParamsError(f"{key}.span: choose whole_word or span masking, not both")
+        if self.knowledge != "none" and self.span:
+            raise ParamsError(f"{key}.knowledge: {self.knowledge} masks whole phrases or entities, not SpanBERT "
+                              f"spans; set {key}.span: false or {key}.knowledge: none")
         if not 0.0 < self.span_p <= 1.0 or self.span_max < 1:
             raise ParamsError(f"{key}.span_p/span_max: need 0 < span_p <= 1 and span_max >= 1")
 

@@ -7,7 +7,9 @@ For a path prefix P:
   so document i with its eos is P.bin[idx[i]:idx[i + 1]];
 - `P.wstart`: uint8, 1 where a token starts a word (a pre-tokenizer word; eos and special tokens count
   as words), for whole-word masking;
-- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id, and `tokenizer`: the SHA-256 of the
+- `P.<unit>` for each knowledge unit the writer was given (phrase, entity: lib/data/knowledge.py): uint8,
+  like P.wstart but 0 inside a unit too, for masking units whole (mlm.knowledge);
+- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id, units, and `tokenizer`: the SHA-256 of the
   tokenizer.json that encoded them, so a reader can tell token files of another vocabulary.
 The writer streams to temporary files that are renamed into place when it closes; P.json comes last.
 """
@@ -26,6 +28,7 @@ from tokenizers import Tokenizer
 from lib.core.errors import UserError
 from lib.core.io import atomic_file, batched, write_json
 from lib.core.progress import Progress
+from lib.data.knowledge import UNITS, Knowledge, unit_starts
 
 OFFSET_DTYPE = np.dtype(np.int64)
 FLAG_DTYPE = np.dtype(np.uint8)
@@ -48,34 +51,43 @@ class PackedWriter:
     and any earlier files of `prefix` stay as they were.
     """
 
-    def __init__(self, prefix: str | Path, vocab_size: int, eos_id: int, tokenizer: str | None = None) -> None:
+    def __init__(self, prefix: str | Path, vocab_size: int, eos_id: int, tokenizer: str | None = None,
+                 units: Sequence[str] = ()) -> None:
         if not 0 <= eos_id < vocab_size:
             raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {vocab_size})")
         self.prefix, self.vocab_size, self.eos_id, self.tokenizer = Path(prefix), vocab_size, eos_id, tokenizer
+        self.units = tuple(units)
         self.dtype = token_dtype(vocab_size)
         self.n_tokens = self.n_docs = 0
         self._files = contextlib.ExitStack()
-        self._bin, self._wstart, self._idx = (
+        self._bin, self._wstart, self._idx, *units_files = (
             self._files.enter_context(atomic_file(packed_path(prefix, suffix), "wb"))
-            for suffix in (".bin", ".wstart", ".idx"))
+            for suffix in (".bin", ".wstart", ".idx", *(f".{unit}" for unit in self.units)))
+        self._units = dict(zip(self.units, units_files))
         self._idx.write(np.zeros(1, OFFSET_DTYPE).tobytes())  # the first document starts at 0
         self._eos = np.array([eos_id], np.int64)
         self._one = np.ones(1, FLAG_DTYPE)
 
-    def add(self, ids_list: Sequence[Sequence[int]], word_start_list: Sequence[Sequence[int]]) -> None:
-        """Append documents: their token ids and, token for token, their word-start flags (0/1)."""
+    def add(self, ids_list: Sequence[Sequence[int]], word_start_list: Sequence[Sequence[int]],
+            unit_start_lists: dict[str, Sequence[Sequence[int]]] | None = None) -> None:
+        """Append documents: their token ids and, token for token, their word-start flags (0/1) and
+        the unit-start flags of each of the writer's units."""
         ids = [np.asarray(doc, np.int64) for doc in ids_list]
-        flags = [np.asarray(doc, FLAG_DTYPE) for doc in word_start_list]
+        flags = {"word": word_start_list, **(unit_start_lists or {})}
+        if set(flags) != {"word", *self.units}:
+            raise ValueError(f"expected word-start flags and unit-start flags of {list(self.units)}, got {list(flags)}")
+        flags = {kind: [np.asarray(doc, FLAG_DTYPE) for doc in docs] for kind, docs in flags.items()}
         lengths = np.array([len(doc) + 1 for doc in ids], np.int64)  # + 1: the eos separator
-        if len(ids) != len(flags) or any(len(i) != len(f) for i, f in zip(ids, flags)):
-            raise ValueError("each document needs exactly one word-start flag per token")
+        if any(len(ids) != len(docs) or any(len(i) != len(f) for i, f in zip(ids, docs)) for docs in flags.values()):
+            raise ValueError("each document needs exactly one word-start (and unit-start) flag per token")
         if not ids:
             return
         tokens = np.concatenate([part for doc in ids for part in (doc, self._eos)])
         if tokens.min() < 0 or tokens.max() >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {tokens.min()}..{tokens.max()}")
         self._bin.write(tokens.astype(self.dtype).tobytes())
-        self._wstart.write(np.concatenate([part for doc in flags for part in (doc, self._one)]).tobytes())
+        for kind, file in {"word": self._wstart, **self._units}.items():
+            file.write(np.concatenate([part for doc in flags[kind] for part in (doc, self._one)]).tobytes())
         self._idx.write((self.n_tokens + np.cumsum(lengths)).tobytes())
         self.n_tokens += int(lengths.sum())
         self.n_docs += len(ids)
@@ -86,7 +98,8 @@ class PackedWriter:
         self._files.close()
         write_json(packed_path(self.prefix, ".json"), {
             "dtype": self.dtype.name, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
-            "vocab_size": self.vocab_size, "eos_id": self.eos_id, "tokenizer": self.tokenizer})
+            "vocab_size": self.vocab_size, "eos_id": self.eos_id, "units": list(self.units),
+            "tokenizer": self.tokenizer})
 
     def __enter__(self) -> PackedWriter:
         return self
@@ -112,6 +125,7 @@ class PackedTokens:
             self.vocab_size: int = meta["vocab_size"]
             self.eos_id: int = meta["eos_id"]
             self.tokenizer: str | None = meta.get("tokenizer")
+            self.units: list[str] = meta.get("units", [])
         except FileNotFoundError:
             raise UserError(f"{meta_path}: not found; encode the corpus first") from None
         except (ValueError, KeyError, TypeError) as err:
@@ -119,6 +133,7 @@ class PackedTokens:
         self.tokens = self._map(".bin", self.dtype, self.n_tokens)
         self.word_starts = self._map(".wstart", FLAG_DTYPE, self.n_tokens)
         self.doc_offsets = self._map(".idx", OFFSET_DTYPE, self.n_docs + 1)
+        self._unit_maps: dict[str, np.ndarray] = {}
         offsets = self.doc_offsets
         if offsets[0] != 0 or offsets[-1] != self.n_tokens or np.any(offsets[1:] <= offsets[:-1]):
             raise UserError(f"{packed_path(prefix, '.idx')}: document offsets do not rise from 0 to "
@@ -138,6 +153,15 @@ class PackedTokens:
 
     def __len__(self) -> int:
         return self.n_docs
+
+    def unit_starts(self, unit: str) -> np.ndarray:
+        """The unit-start flags of a knowledge unit (phrase, entity), memory-mapped."""
+        if unit not in self.units:
+            raise UserError(f"{packed_path(self.prefix, '.json')}: no {unit} flags for mlm.knowledge; "
+                            "encode the corpora again (dvc repro tokenizer)")
+        if unit not in self._unit_maps:
+            self._unit_maps[unit] = self._map(f".{unit}", FLAG_DTYPE, self.n_tokens)
+        return self._unit_maps[unit]
 
     def check_tokenizer(self, tokenizer: str, where: str | Path) -> None:
         """These files must have been encoded by the tokenizer whose tokenizer.json has SHA-256 `tokenizer`
@@ -171,24 +195,30 @@ class EncodeStats:
 
 def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | Path, vocab_size: int,
                      eos_id: int, batch_docs: int, unk_id: int | None = None,
-                     tokenizer_sha256: str | None = None, progress: Progress | None = None) -> EncodeStats:
+                     tokenizer_sha256: str | None = None, progress: Progress | None = None,
+                     knowledge: Knowledge | None = None) -> EncodeStats:
     """Tokenize `texts` in batches of `batch_docs` and write them to the packed files of `prefix`.
 
     Documents get no bos/eos template (the packing adds one eos after each). The stats count `unk_id`,
     by default the unknown-token id of the tokenizer's model (byte-level BPE has none).
     `tokenizer_sha256` (of the saved tokenizer.json) is recorded for PackedTokens.check_tokenizer.
-    `progress` counts the documents encoded.
+    `progress` counts the documents encoded. With `knowledge`, the unit-start flags of its phrases and
+    entities are written too (P.phrase, P.entity).
     """
     if unk_id is None:
         unk_id = model_unk_id(tokenizer)
     tokenizer = unpadded(tokenizer)
     stats = EncodeStats()
     start = time.perf_counter()
-    with PackedWriter(prefix, vocab_size, eos_id, tokenizer_sha256) as writer:
+    units = UNITS if knowledge is not None else ()
+    with PackedWriter(prefix, vocab_size, eos_id, tokenizer_sha256, units) as writer:
         for batch in batched(texts, batch_docs):
             encodings = tokenizer.encode_batch(batch, add_special_tokens=False)  # in Rust, on every core
             ids = [encoding.ids for encoding in encodings]
-            writer.add(ids, [word_starts(encoding.word_ids) for encoding in encodings])
+            starts = [word_starts(encoding.word_ids) for encoding in encodings]
+            found = [unit_starts(text, encoding.char_to_token, flags, knowledge)
+                     for text, encoding, flags in zip(batch, encodings, starts)] if units else []
+            writer.add(ids, starts, {unit: [doc[unit] for doc in found] for unit in units})
             stats.docs += len(batch)
             stats.tokens += sum(map(len, ids))
             stats.words += sum(len(text.split()) for text in batch)

@@ -4,8 +4,14 @@ Training windows start at random offsets drawn from a generator seeded by (seed,
 the batch of a step is a pure function of its number, so a resumed run reads exactly the batches
 an uninterrupted run would, without replaying any data. Windows cross document boundaries; the eos
 token that ends each document in the packed stream separates them.
+
+Beside the tokens a batch carries word-start flags, or, with `units` (an objective's knowledge units,
+lib/data/knowledge.py), unit-start flags in their place: a token starts a "word" only where it starts
+a unit of each kind named, so masking takes every phrase or entity whole.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -15,23 +21,25 @@ from lib.data.packed import PackedTokens
 
 
 class WindowBatches:
-    """Random windows of `window` tokens (with their word-start flags) from one packed split."""
+    """Random windows of `window` tokens (with their word- or unit-start flags) from one packed split."""
 
     def __init__(self, packed: PackedTokens, window: int, batch_size: int, seed: int, name: str = "train",
-                 rows: slice = slice(None)):
+                 rows: slice = slice(None), units: Sequence[str] = ()):
         """`rows`: the part of every batch this process reads (its rank's share under torchrun)."""
         if packed.n_tokens < window:
             raise UserError(f"{name}: {packed.n_tokens} tokens, fewer than one window of {window}; "
                             "use more data or a smaller seq_len")
         self.packed, self.window, self.batch_size, self.seed, self.rows = packed, window, batch_size, seed, rows
+        self.flags = start_flags(packed, units)
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([self.seed, step, micro])
         starts = rng.integers(0, self.packed.n_tokens - self.window + 1, size=self.batch_size)
-        return windows(self.packed, starts[self.rows], self.window)
+        return windows(self.packed.tokens, self.flags, starts[self.rows], self.window)
 
 
-def fixed_windows(packed: PackedTokens, window: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fixed_windows(packed: PackedTokens, window: int, batch_size: int, n_batches: int,
+                  units: Sequence[str] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed validation set: up to n_batches batches of non-overlapping windows spread evenly over
     the split, the same in every run, so validation losses compare across runs."""
     available = packed.n_tokens // window
@@ -39,12 +47,19 @@ def fixed_windows(packed: PackedTokens, window: int, batch_size: int, n_batches:
         raise UserError(f"validation split: {packed.n_tokens} tokens, fewer than one window of {window}")
     count = min(available, n_batches * batch_size)
     starts = (np.linspace(0, available - 1, count).round().astype(np.int64)) * window
-    return [windows(packed, starts[i:i + batch_size], window) for i in range(0, count, batch_size)]
+    flags = start_flags(packed, units)
+    return [windows(packed.tokens, flags, starts[i:i + batch_size], window) for i in range(0, count, batch_size)]
 
 
-def windows(packed: PackedTokens, starts: np.ndarray, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens int64, word_starts bool), each (len(starts), window), copied out of the memmaps."""
+def start_flags(packed: PackedTokens, units: Sequence[str]) -> list[np.ndarray]:
+    """The flag arrays whose AND a batch carries: the word starts, or those of each unit."""
+    return [packed.unit_starts(unit) for unit in units] or [packed.word_starts]
+
+
+def windows(tokens: np.ndarray, flags: list[np.ndarray], starts: np.ndarray,
+            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens int64, start flags bool), each (len(starts), window), copied out of the memmaps."""
     index = starts[:, None] + np.arange(window)[None, :]
-    tokens = torch.from_numpy(packed.tokens[index].astype(np.int64))
-    word_starts = torch.from_numpy(packed.word_starts[index].astype(bool))
-    return tokens, word_starts
+    batch = torch.from_numpy(tokens[index].astype(np.int64))
+    word_starts = torch.from_numpy(np.logical_and.reduce([f[index] for f in flags]).astype(bool))
+    return batch, word_starts

@@ -17,6 +17,9 @@ class Objective(nn.Module):
     name: ClassVar[str]
     causal: ClassVar[bool]
     sentence_task: ClassVar[bool] = False  # whether it learns mlm.sentence (SOP, NSP) beside its own loss
+    # the knowledge units (lib/data/knowledge.py) whose start flags its batches carry as word_starts: a
+    # token starts a word only where it starts a unit of each; () = the tokenizer's word starts
+    units: tuple[str, ...] = ()
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lib.config.params import Params
+from lib.data.knowledge import knowledge_units
 from lib.models.hf import ImportedModel
 from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig, matmul_weights
 from lib.objectives.base import Objective, register
@@ -48,6 +49,7 @@ class Electra(Objective):
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
         self.masking = params.mlm
+        self.units = knowledge_units(params.mlm.knowledge)
         self.disc_weight = params.electra.disc_weight
         cfg = self.arch
         self.discriminator = Transformer(cfg)

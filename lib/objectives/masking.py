@@ -1,13 +1,15 @@
-"""Masked-LM corruption as pure tensor functions: BERT tokens, whole words, SpanBERT spans.
+"""Masked-LM corruption as pure tensor functions: BERT tokens, whole words, SpanBERT spans, ERNIE units.
 
 `mask_tokens` picks about `mask_rate` of the non-special tokens of every row, then corrupts the picked
 positions BERT-style: `mask_token` of them become [MASK], `random_token` of them a uniform random
 non-special id, the rest stay as they are. It is called on every batch, so a sequence gets new masks
 each time it is seen (RoBERTa's dynamic masking).
 
-Selection works on words in all three modes (in per-token mode every token is a word):
+Selection works on words in all modes (in per-token mode every token is a word):
 - per token (BERT, Devlin et al. 2019);
 - `whole_word`: whole words (BERT's whole-word masking), from the tokenizer's word-start flags;
+- `knowledge` (ERNIE 1.0, Sun et al. 2019): whole phrases and named entities, selected like whole words:
+  the batch's flags are then unit starts (lib/data/knowledge.py), where a phrase or entity is one word;
 - `span`: SpanBERT (Joshi et al. 2020): spans of whole words whose length in words follows SpanBERT's
   length distribution, a geometric Geo(span_p) truncated to 1..span_max and renormalised, as the
   SpanBERT code draws it (mean 3.8 words for p=0.2, max 10); a span starts at a word not yet picked and
@@ -44,7 +46,8 @@ def mask_tokens(tokens: Tensor, word_starts: Tensor | None, special_ids: dict[st
                 cfg: MLMConfig) -> Masked:
     """Select and corrupt positions of `tokens` (B, T) for masked-LM; `special_ids` must name 'mask'."""
     special = special_mask(tokens, special_ids.values())
-    starts = word_starts if (cfg.whole_word or cfg.span) and word_starts is not None else torch.ones_like(special)
+    by_words = cfg.whole_word or cfg.span or cfg.knowledge != "none"
+    starts = word_starts if by_words and word_starts is not None else torch.ones_like(special)
     words = word_index(starts, special)
     word_len, candidate = word_table(words, special)
     target = cfg.mask_rate * (word_len * candidate).sum(1).float()

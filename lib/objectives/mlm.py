@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lib.config.params import Params
+from lib.data.knowledge import knowledge_units
 from lib.models.transformer import Transformer, TransformerConfig, init_weights, matmul_weights
 from lib.objectives.base import Objective, register
 from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
@@ -34,6 +35,7 @@ class MaskedLM(Objective):
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
         self.masking = params.mlm
+        self.units = knowledge_units(params.mlm.knowledge)
         self.model = Transformer(self.arch)
         if self.masking.sentence != "none":
             width = self.model.cfg.d_model

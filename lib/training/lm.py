@@ -64,8 +64,8 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
     window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
     train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
-                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"))
-    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches)
+                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"), units=objective.units)
+    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches, units=objective.units)
     tokenizer = tokenizer_sha256(paths.tokenizer)
     for packed in (train_tokens, valid_tokens):
         packed.check_tokenizer(tokenizer, paths.tokenizer)
