@@ -20,7 +20,8 @@ maximises their sum; the mean keeps clm's scale, so perplexity = exp(loss) compa
 accuracy (both directions' predictions), and forward_/backward_ loss and accuracy.
 
 What later stages finetune (`backbone()`): the forward stack, a causal model like clm's, so its
-folder exports as GPT-2 where its shape is GPT-2's. The backward stack is an objective extra
+folder exports to transformers as a clm model of its shape does (GPT-2, or a causal ESM or
+RoBERTa-PreLayerNorm; lib.models.hf.export_family). The backward stack is an objective extra
 (objective.safetensors), which `adapt` loads to continue both directions. Not there yet: a finetuned
 backbone that reads both directions (ELMo concatenates them per layer), which would need a two-stack
 backbone that the model folder, every stage and the exports learn, and which no transformers class
