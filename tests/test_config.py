@@ -55,7 +55,7 @@ def test_bool_is_not_an_int(chdir_root, tmp_path, default_params):
 
 def test_bad_choice_suggests(chdir_root, tmp_path, default_params):
     default_params["objective"] = "electr"
-    assert "objective: 'electr' is not one of clm, mlm, electra; did you mean 'electra'?" in error_of(tmp_path, default_params)
+    assert "objective: 'electr' is not one of bilm, clm, mlm, electra; did you mean 'electra'?" in error_of(tmp_path, default_params)
 
 
 def test_vocab_too_small_for_specials(chdir_root, tmp_path, default_params):
