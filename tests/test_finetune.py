@@ -13,7 +13,8 @@ from lib.models.classifier import Classifier, HeadConfig, ScalarMix, load_classi
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
-from lib.training.finetune import FullTrainer, ProbeTrainer, run_variant, setup
+from lib.training.finetune import FullTrainer, ProbeTrainer, RunResult, run_variant, setup
+from lib.training.finetune_runs import numbered, summarise
 from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
@@ -192,6 +193,20 @@ def test_elmo_reports_its_layer_weights_and_saves_its_mix(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(batch.input_ids, batch.segment_ids, batch.attention_mask)[0],
                                    model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)[0])
+
+
+def test_the_metrics_give_elmo_layer_weights_per_seed_and_mlflow_gets_them_flat():
+    task = toy_task()
+
+    def result(variant: str, seed: int, learned: dict) -> RunResult:
+        return RunResult("toy", variant, seed, [0.5], 1, {"accuracy": 0.5}, {"accuracy": 0.5}, 1, 1.0, learned=learned)
+
+    runs = [result("elmo", 1, {"layer_weights": [0.2, 0.8], "gamma": 1.5}),
+            result("elmo", 2, {"layer_weights": [0.6, 0.4], "gamma": 0.5}), result("frozen", 1, {})]
+    variants = summarise(task, ["accuracy"], runs)["variants"]
+    assert variants["elmo"]["layer_weights"] == [[0.2, 0.8], [0.6, 0.4]] and variants["elmo"]["gamma"] == [1.5, 0.5]
+    assert "layer_weights" not in variants["frozen"]
+    assert numbered(runs[0].learned) == {"layer_weights_0": 0.2, "layer_weights_1": 0.8, "gamma": 1.5}
 
 
 def test_a_folded_probe_predicts_the_same_under_bf16_autocast(tmp_path):
