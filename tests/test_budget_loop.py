@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from lib.config.params import ImplConfig, TrainConfig
+from lib.config.params import Corpora, CorpusConfig, ImplConfig, ModelConfig, Params, TrainConfig
 from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
+from lib.objectives import build_objective
 from lib.training.budget_loop import Trainer, flops_budget, lr_multiplier, planned_tokens
 from lib.training.checkpoint import KEEP, checkpoints
 from lib.training.optim import adamw, discriminative_groups, slanted_triangular
@@ -244,9 +245,6 @@ def test_a_flops_budget_buys_tokens_by_the_objective_cost():
 def test_a_bilm_resumes_both_directions_exactly(packed, tmp_path):
     """bilm's checkpoint holds both stacks, the shared embeddings and softmax once: a killed run resumes
     to the uninterrupted run's curve."""
-    from lib.config.params import CorpusConfig, Corpora, ModelConfig, Params
-    from lib.objectives import build_objective
-
     def bilm():
         torch.manual_seed(0)
         corpus = CorpusConfig(source="unused")
