@@ -16,7 +16,8 @@ from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.folder import read_config
-from lib.objectives import build_objective, check_objective, fitting_objective, load_objective
+from lib.objectives import (EXTRAS_FILE, build_objective, check_objective, fitting_objective, load_objective,
+                            objective_extras)
 from lib.training.lm import CURVES, LMPaths, train_language_model
 
 
@@ -44,8 +45,9 @@ def main() -> None:
         else:
             arch, name, vocab_size = None, params.objective, load_tokenizer(args.model).get_vocab_size()
         objective = build_objective(name, params, vocab_size, saved_special_ids(args.model), arch)
-        if not load_objective(objective, args.model) and name == "electra":
-            print(f"warning: {args.model} has no ELECTRA generator; adapting with a fresh one", flush=True)
+        if not load_objective(objective, args.model) and objective_extras(objective):
+            print(f"warning: {args.model} has no {EXTRAS_FILE} ({name}'s parts beyond the backbone: ELECTRA's "
+                  "generator, bilm's backward stack); adapting with fresh ones", flush=True)
         paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
         metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage.keyed_on,
                                        layer_groups=objective.backbone().layer_groups(), measure_before=True)

@@ -1,10 +1,11 @@
 """Stage `finetune` (ULMFiT step 3): a model for each task x variant x seed, from the adapted model.
 
 For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasks/), trains each variant
-(ulmfit, plain, from_scratch, frozen; lib/training/finetune.py) once per seed, and writes:
+(ulmfit, plain, from_scratch, frozen, elmo; lib/training/finetune.py) once per seed, and writes:
 - --out/<task>/: the model with the best dev score of all its runs (lib/models/classifier.py format, with
   the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
-- the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed;
+- the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed (elmo also
+  its learned layer weights and gamma, per seed);
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
 - an MLflow child run per task x variant x seed under this stage's run.
 A finished run is kept in --checkpoints (lib/training/finetune_runs.py), so a killed stage started again

@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from lib.config.params import ImplConfig, TrainConfig
+from lib.config.params import Corpora, CorpusConfig, ImplConfig, ModelConfig, Params, TrainConfig
 from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
+from lib.objectives import build_objective
 from lib.training.budget_loop import Trainer, flops_budget, lr_multiplier, planned_tokens
 from lib.training.checkpoint import KEEP, checkpoints
 from lib.training.optim import adamw, discriminative_groups, slanted_triangular
@@ -239,3 +240,25 @@ def test_a_flops_budget_buys_tokens_by_the_objective_cost():
     with pytest.raises(UserError, match=r"^pretrain.budget_flops: 1e\+09 buys 10 tokens at 1e\+08 FLOPs per token, "
                                         r"less than one step \(64 tokens\); raise it$"):
         flops_budget(cfg, 1e8, "pretrain")
+
+
+def test_a_bilm_resumes_both_directions_exactly(packed, tmp_path):
+    """bilm's checkpoint holds both stacks, the shared embeddings and softmax once: a killed run resumes
+    to the uninterrupted run's curve."""
+    def bilm():
+        torch.manual_seed(0)
+        corpus = CorpusConfig(source="unused")
+        model = ModelConfig(d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.1, max_positions=32)
+        params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model)
+        return build_objective("bilm", params, VOCAB, {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4})
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model gains nothing from threads on a busy machine
+    try:
+        uninterrupted = trainer(packed, tmp_path / "a", module=bilm()).fit()
+        with pytest.raises(KeyboardInterrupt):
+            trainer(packed, tmp_path / "b", module=bilm(), callbacks=(KillAt(13),)).fit()  # last checkpoint: step 10
+        resumed = trainer(packed, tmp_path / "b", module=bilm()).fit()
+    finally:
+        torch.set_num_threads(threads)
+    assert curve(resumed) == curve(uninterrupted)

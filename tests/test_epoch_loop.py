@@ -47,7 +47,7 @@ def test_finetune_takes_adamw_settings_from_its_params(tmp_path):
     assert {g["weight_decay"] for g in groups} == {0.05, 0.0}
 
 
-@pytest.mark.parametrize("variant", ["ulmfit", "plain"])
+@pytest.mark.parametrize("variant", ["ulmfit", "plain", "elmo"])
 def test_a_killed_finetune_run_resumes_after_its_last_epoch_to_the_same_result(tmp_path, variant):
     cfg = dataclasses.replace(CFG, epochs=3, patience=3, unfreeze_every=3, head_dropout=0.1)  # dropout: RNG resumes too
 
@@ -67,6 +67,7 @@ def test_a_killed_finetune_run_resumes_after_its_last_epoch_to_the_same_result(t
     resumed, resumed_model = run("killed", lambda row: epochs.append(row["epoch"]))
     assert epochs == [2, 3]  # epoch 1 was not trained again
     assert resumed.history == whole.history and resumed.eval == whole.eval and resumed.steps == whole.steps
+    assert resumed.learned == whole.learned  # elmo's layer weights; nothing for the others
     for (name, a), b in zip(whole_model.state_dict().items(), resumed_model.state_dict().values()):
         assert torch.equal(a, b), name
     other, _ = run_variant(variant, toy_task(), ["accuracy"], backbone(), cfg, IMPL, torch.device("cpu"), 1, PAD,

@@ -9,11 +9,12 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from lib.config.params import FinetuneConfig, ImplConfig
-from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
+from lib.models.classifier import Classifier, HeadConfig, ScalarMix, load_classifier, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
-from lib.training.finetune import FullTrainer, ProbeTrainer, run_variant, setup
+from lib.training.finetune import FullTrainer, ProbeTrainer, RunResult, run_variant, setup
+from lib.training.finetune_runs import numbered, summarise
 from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
@@ -113,9 +114,11 @@ def test_ulmfit_ablation_switches(tmp_path):
     assert stlr(0) == pytest.approx(1 / CFG.stlr_ratio)
 
 
-@pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen"])
+@pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen", "elmo"])
 def test_every_variant_learns_the_toy_task(variant, tmp_path):
-    result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), CFG, IMPL,
+    # elmo's head reads a random backbone's frozen features: it needs more steps than a model that moves them
+    cfg = dataclasses.replace(CFG, lr=1e-2, epochs=8, patience=8) if variant == "elmo" else CFG
+    result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), cfg, IMPL,
                                 torch.device("cpu"), 1, PAD, tmp_path, "fp")
     assert result.variant == variant and len(result.dev_curve) >= 1 and 1 <= result.best_epoch <= len(result.dev_curve)
     assert result.eval["accuracy"] > 0.7, result
@@ -134,6 +137,76 @@ def test_frozen_variant_leaves_the_backbone_untouched_and_saves_a_raw_feature_pr
         logits, _ = model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)
     accuracy = (logits.argmax(-1) == batch.labels).float().mean().item()
     assert accuracy == pytest.approx(result.eval["accuracy"]) and result.eval["accuracy"] > 0.7
+
+
+def test_scalar_mix_is_elmo_eq_1_by_hand():
+    """gamma * sum_j softmax(s)_j * h_j, each h_j layer-normalised; equal weights at the start: the mean."""
+    torch.manual_seed(0)
+    states = [torch.randn(2, 5, 8) * scale + shift for scale, shift in ((1.0, 0.0), (3.0, 1.0), (10.0, -2.0))]
+    normed = [(h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() for h in states]
+    mix = ScalarMix(3)
+    torch.testing.assert_close(mix(states), sum(normed) / 3)
+    with torch.no_grad():
+        mix.scalars.copy_(torch.tensor([0.5, -1.0, 2.0]))
+        mix.gamma.fill_(1.7)
+    e = torch.tensor([0.5, -1.0, 2.0]).exp()
+    expected = 1.7 * sum(w * h for w, h in zip(e / e.sum(), normed))
+    torch.testing.assert_close(mix(states), expected)
+    assert mix.learned() == {"layer_weights": pytest.approx((e / e.sum()).tolist()), "gamma": pytest.approx(1.7)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_elmo_trains_the_mix_and_the_head_and_never_the_backbone(causal, tmp_path):
+    adapted, task = backbone(causal), toy_task()
+    plan = setup("elmo", adapted, 2, CFG)
+    model = plan.model
+    assert model.mix is not None and len(model.mix.scalars) == adapted.cfg.n_layers + 1
+    trainer = FullTrainer(model, plan, task, CFG, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
+    trained = {id(p) for group in trainer.groups for p in group}
+    assert trained == {id(p) for m in (model.mix, model.head) for p in m.parameters()}
+    before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+    batch = collate(task.train[:16], PAD)
+    logits, _ = model(batch.input_ids, batch.segment_ids, batch.attention_mask)
+    torch.nn.functional.cross_entropy(logits, batch.labels).backward()
+    assert model.mix.scalars.grad.abs().sum() > 0 and model.mix.gamma.grad is not None
+    assert all(p.grad is None for p in model.backbone.parameters())
+    model.zero_grad()
+    trainer.train_epoch(1)
+    assert not model.backbone.training  # its features without dropout, as frozen reads them
+    assert all(torch.equal(v, before[k]) for k, v in model.backbone.state_dict().items())
+    assert not torch.equal(model.mix.scalars.detach(), torch.zeros(3))
+
+
+def test_elmo_reports_its_layer_weights_and_saves_its_mix(tmp_path):
+    stub_tokenizer_dir(tmp_path / "tok")
+    adapted, task = backbone(), toy_task()
+    result, model = run_variant("elmo", task, ["accuracy"], adapted, dataclasses.replace(CFG, epochs=1), IMPL,
+                                torch.device("cpu"), 1, PAD, tmp_path / "epochs", "fp")
+    weights = result.learned["layer_weights"]
+    assert len(weights) == 3 and sum(weights) == pytest.approx(1.0) and weights == model.mix.learned()["layer_weights"]
+    assert isinstance(result.learned["gamma"], float)
+    line = save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
+    assert "scalar mix" in line
+    loaded, _ = load_classifier(tmp_path / "clf")
+    torch.testing.assert_close(loaded.mix.scalars, model.mix.scalars)
+    batch = collate(task.eval, PAD)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(batch.input_ids, batch.segment_ids, batch.attention_mask)[0],
+                                   model.eval()(batch.input_ids, batch.segment_ids, batch.attention_mask)[0])
+
+
+def test_the_metrics_give_elmo_layer_weights_per_seed_and_mlflow_gets_them_flat():
+    task = toy_task()
+
+    def result(variant: str, seed: int, learned: dict) -> RunResult:
+        return RunResult("toy", variant, seed, [0.5], 1, {"accuracy": 0.5}, {"accuracy": 0.5}, 1, 1.0, learned=learned)
+
+    runs = [result("elmo", 1, {"layer_weights": [0.2, 0.8], "gamma": 1.5}),
+            result("elmo", 2, {"layer_weights": [0.6, 0.4], "gamma": 0.5}), result("frozen", 1, {})]
+    variants = summarise(task, ["accuracy"], runs)["variants"]
+    assert variants["elmo"]["layer_weights"] == [[0.2, 0.8], [0.6, 0.4]] and variants["elmo"]["gamma"] == [1.5, 0.5]
+    assert "layer_weights" not in variants["frozen"]
+    assert numbered(runs[0].learned) == {"layer_weights_0": 0.2, "layer_weights_1": 0.8, "gamma": 1.5}
 
 
 def test_a_folded_probe_predicts_the_same_under_bf16_autocast(tmp_path):

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
 from lib.core.errors import UserError
+from lib.models.folder import load_model
 from lib.models.transformer import Transformer
-from lib.objectives import OBJECTIVES, Objective, build_objective, objective_extras
+from lib.objectives import OBJECTIVES, Objective, build_objective, load_objective, objective_extras, save_objective
 from lib.objectives import electra as electra_module
 from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs
@@ -22,6 +23,7 @@ METRICS = {
     "clm": {"loss", "accuracy"},
     "mlm": {"loss", "accuracy"},
     "electra": {"loss", "gen_loss", "disc_loss", "gen_accuracy", "disc_accuracy", "replaced_recall", "disc_auc"},
+    "bilm": {"loss", "accuracy", "forward_loss", "backward_loss", "forward_accuracy", "backward_accuracy"},
 }
 
 
@@ -47,7 +49,7 @@ def build(name: str, seed: int = 0, **sections) -> Objective:
 
 
 def test_registry_builds_every_objective():
-    assert set(OBJECTIVES) >= {"clm", "mlm", "electra"}
+    assert set(OBJECTIVES) >= {"clm", "mlm", "electra", "plm", "bilm"}
     rope = dataclasses.replace(tiny_params().model, position="rope")  # relative positions, which plm needs
     for name, cls in OBJECTIVES.items():
         objective = build(name, model=rope)
@@ -62,7 +64,7 @@ def test_unknown_objective_names_the_key_and_the_choices():
         build_objective("bert", tiny_params(), TOY_VOCAB, TOY_SPECIAL)
 
 
-@pytest.mark.parametrize("name", ["clm", "mlm", "electra"])
+@pytest.mark.parametrize("name", ["clm", "mlm", "electra", "bilm"])
 def test_forward_contract(name):
     objective = build(name)
     tokens, word_starts = counting_rows()
@@ -75,7 +77,7 @@ def test_forward_contract(name):
     loss.backward()
 
 
-@pytest.mark.parametrize("name", ["clm", "mlm", "electra"])
+@pytest.mark.parametrize("name", ["clm", "mlm", "electra", "bilm"])
 def test_seeded_validation_is_reproducible(name):
     """The trainer validates under a fixed seed: the same seed gives the same loss."""
     objective = build(name).eval()
@@ -87,7 +89,7 @@ def test_seeded_validation_is_reproducible(name):
         again, _ = objective(tokens, word_starts)
         other, _ = objective(tokens, word_starts)
     assert first == again
-    assert name == "clm" or other != first  # masking objectives draw new masks
+    assert name in ("clm", "bilm") or other != first  # masking objectives draw new masks
 
 
 def test_clm_loss_is_next_token_cross_entropy():
@@ -109,6 +111,76 @@ def test_clm_is_causal():
     before = objective.model(tokens[:, :-1])[0, :20]
     after = objective.model(changed[:, :-1])[0, :20]
     assert torch.allclose(before, after, atol=1e-5)
+
+
+def test_bilm_directions_never_see_the_tokens_they_predict():
+    """The forward stack's state at t reads tokens ..t only, the backward one's tokens t.. only; each
+    does change with the side it reads, so a stack that sees both ways, or one that is not reversed, fails."""
+    objective = build("bilm").eval()
+    tokens, _ = counting_rows(rows=1)
+    t = 20
+    later, earlier = tokens.clone(), tokens.clone()
+    later[0, t + 1:] = 7
+    earlier[0, :t] = 7
+    with torch.no_grad():
+        forward = {name: objective.forward_stack(x)[0] for name, x in [("base", tokens), ("later", later),
+                                                                          ("earlier", earlier)]}
+        backward = {name: objective.backward_states(x)[0] for name, x in [("base", tokens), ("later", later),
+                                                                             ("earlier", earlier)]}
+    torch.testing.assert_close(forward["later"][:t + 1], forward["base"][:t + 1], atol=1e-5, rtol=0)
+    assert not torch.allclose(forward["earlier"][t], forward["base"][t], atol=1e-3)
+    torch.testing.assert_close(backward["earlier"][t:], backward["base"][t:], atol=1e-5, rtol=0)
+    assert not torch.allclose(backward["later"][t], backward["base"][t], atol=1e-3)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_bilm_shares_the_embeddings_and_the_softmax_and_nothing_else(tie):
+    objective = build("bilm", model=dataclasses.replace(tiny_params().model, tie_embeddings=tie))
+    forward, backward = objective.forward_stack, objective.backward_stack
+    assert backward.embeddings is forward.embeddings and backward.head is forward.head
+    backward_own = {id(p) for p in backward.parameters()} - {id(p) for p in forward.parameters()}
+    blocks_and_norm = {id(p) for m in (backward.blocks, backward.norm) for p in m.parameters()}
+    assert backward_own == blocks_and_norm
+    # what a model folder keeps beside the backbone, so that adapt continues both directions
+    extras = objective_extras(objective)
+    assert extras and all(name.startswith(("backward_stack.blocks.", "backward_stack.norm.")) for name in extras)
+    loss, _ = objective(*counting_rows())
+    loss.backward()
+    assert forward.embeddings.token.weight.grad is not None and all(p.grad is not None for p in backward.blocks.parameters())
+
+
+def test_bilm_folder_round_trip_keeps_both_directions(tmp_path):
+    """The model folder is the forward stack (a causal model); objective.safetensors holds the backward one."""
+    saved = build("bilm", seed=0)
+    save_objective(saved, tmp_path)
+    loaded = build("bilm", seed=1)
+    assert load_objective(loaded, tmp_path)
+    tokens, word_starts = counting_rows()
+    with torch.no_grad():
+        expected, got = saved.eval()(tokens, word_starts)[1], loaded.eval()(tokens, word_starts)[1]
+    assert got["forward_loss"] == expected["forward_loss"] and got["backward_loss"] == expected["backward_loss"]
+    assert load_model(tmp_path).cfg.causal
+
+
+def test_bilm_loss_is_the_mean_of_next_and_previous_token_cross_entropy():
+    """By hand, in the original order: the forward state at t predicts token t+1, the backward one token t-1."""
+    objective = build("bilm").eval()
+    tokens, word_starts = counting_rows()
+    loss, metrics = objective(tokens, word_starts)
+    with torch.no_grad():
+        forward_logits = objective.forward_stack.lm_logits(objective.forward_stack(tokens[:, :-1]))
+        backward_logits = objective.forward_stack.lm_logits(objective.backward_states(tokens[:, 1:]))
+    forward = F.cross_entropy(forward_logits.reshape(-1, TOY_VOCAB), tokens[:, 1:].reshape(-1))
+    backward = F.cross_entropy(backward_logits.reshape(-1, TOY_VOCAB), tokens[:, :-1].reshape(-1))
+    assert metrics["forward_loss"].item() == pytest.approx(forward.item(), rel=1e-5)
+    assert metrics["backward_loss"].item() == pytest.approx(backward.item(), rel=1e-5)
+    assert loss.item() == pytest.approx((forward + backward).item() / 2, rel=1e-5)
+
+
+def test_bilm_learns_both_directions():
+    history = train(build("bilm"), 150, 3e-3)
+    for direction in ("forward", "backward"):
+        assert mean(history[-10:], f"{direction}_loss") < 0.25 * mean(history[:10], f"{direction}_loss")
 
 
 @pytest.mark.parametrize("mode", [{}, {"whole_word": True}, {"span": True}])
@@ -144,7 +216,7 @@ def mean(history: list[dict[str, float]], key: str) -> float:
     return sum(h[key] for h in history) / len(history)
 
 
-@pytest.mark.parametrize("name, steps, lr", [("clm", 150, 3e-3), ("mlm", 300, 1e-2)])
+@pytest.mark.parametrize("name, steps, lr", [("clm", 150, 3e-3), ("mlm", 300, 1e-2), ("bilm", 150, 3e-3)])
 def test_overfits_one_batch(name, steps, lr):
     """(Fresh masks every step: mlm learns to fill them in from context, not to memorise them.)"""
     history = train(build(name), steps, lr)
@@ -321,7 +393,8 @@ def test_sop_is_learnable():
 
 def test_flops_per_token_counts_what_each_objective_computes():
     """CLM runs its LM head at every position, MLM at the masked share only; ELECTRA adds its generator
-    (head at the masked share) and replaced-token head to a discriminator that runs no LM head."""
+    (head at the masked share) and replaced-token head to a discriminator that runs no LM head; bilm is
+    two CLMs."""
     clm, mlm, electra = build("clm"), build("mlm"), build("electra")
     T, rate = 32, mlm.masking.mask_rate
     backbone = mlm.backbone()
@@ -332,6 +405,7 @@ def test_flops_per_token_counts_what_each_objective_computes():
     assert 0 < generator < electra.discriminator.flops_per_token(T, predicted=0.0)
     assert electra.flops_per_token(T) == pytest.approx(generator + electra.discriminator.flops_per_token(T, predicted=0.0)
                                                        + 6 * (32 * 32 + 32))
+    assert build("bilm").flops_per_token(T) == 2 * clm.flops_per_token(T)  # two stacks, the shared head run by each
     sop = build("mlm", mlm=MLMConfig(sentence="sop"))
     assert sop.flops_per_token(T) == pytest.approx(mlm.flops_per_token(T) + 6 * (32 * 32 + 32 * 2) / T)
 

@@ -136,3 +136,13 @@ def test_the_summary_puts_onnx_runtime_beside_pytorch():
     assert "| student (distilled) | 600 | 2.4 MB | 10.0 / 12.5 | 150 | 4.0 / 4.5 |" in text
     assert "| student, int8 (ONNX Runtime) | 600 | 0.7 MB | – | – | 2.0 / 2.2 |" in text
     assert "ONNX Runtime ran on the same 2 threads (intra_op_num_threads) as PyTorch" in text
+
+
+def test_an_elmo_classifier_exports_with_its_layer_mix(tmp_path):
+    """The elmo variant's head reads every layer's states through its scalar mix: the graph must too."""
+    tok = tiny_tokenizer(tmp_path / "tok")
+    head = HeadConfig(len(LABELS), hidden=16, dropout=0.0, mix=True)
+    folder = save_tiny_classifier(tmp_path / "elmo", tok, head=head, causal=True)
+    export_onnx(folder)
+    expected = TextClassifier.load(folder, device="cpu", precision="fp32").predict_proba(TEXTS)
+    np.testing.assert_allclose(OnnxClassifier.load(folder).predict_proba(TEXTS, batch_size=3), expected, atol=1e-5)

@@ -19,7 +19,7 @@ import yaml
 
 from lib.core.errors import UserError
 
-Variant = Literal["ulmfit", "plain", "from_scratch", "frozen"]
+Variant = Literal["ulmfit", "plain", "from_scratch", "frozen", "elmo"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".csv", ".csv.gz", ".tsv", ".tsv.gz",
                   ".parquet")
@@ -391,7 +391,8 @@ class FinetuneConfig(OptimizerConfig):
     tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # names in `tasks`
     # ulmfit: adapted model, concat-pooling head, gradual unfreezing, discriminative LRs, STLR;
     # plain: adapted model, linear head on [CLS]/last token, all layers, one LR, linear warmup/decay;
-    # from_scratch: plain on a randomly initialised model of the same shape; frozen: linear probe
+    # from_scratch: plain on a randomly initialised model of the same shape; frozen: linear probe;
+    # elmo: frozen backbone, a learned scalar mix of every layer's states, the concat block trained at `lr`
     variants: list[Variant] = field(default_factory=lambda: ["ulmfit", "plain", "from_scratch", "frozen"])
     seeds: int = 2  # runs per task x variant, seeds seed, seed+1, ...
     epochs: int = 3

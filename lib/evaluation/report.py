@@ -33,7 +33,7 @@ FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
 # the variants are named, not the LM they start from: the summary's "started from" line says whether it was adapted
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
-         "frozen": "frozen features + linear", "tfidf": "TF-IDF + LR",
+         "frozen": "frozen features + linear", "elmo": "ELMo layer mix (frozen)", "tfidf": "TF-IDF + LR",
          "student_int8": "student, int8 (ONNX Runtime)"}
 # the task types' train-only baselines (lib.evaluation.baselines), each also as "<name>_full_train"
 BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values()}
@@ -208,7 +208,7 @@ def pretraining_gain(r: dict[str, Any]) -> list[str]:
     if metric not in scratch:
         return []
     parts = []
-    for variant in ("plain", "ulmfit", "frozen"):
+    for variant in ("plain", "ulmfit", "frozen", "elmo"):
         score = scores.get(variant) or {}
         if metric in score:
             diff = 100 * (score[metric] - scratch[metric])

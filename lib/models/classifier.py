@@ -8,11 +8,13 @@ classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linea
 transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
 layer without bias on a causal model's last token). LayerNorm stands in for ULMFiT's BatchNorm: it
 does not depend on the batch, so a prediction does not change with what it is batched with.
-Per-token types (tagging, span QA) put the head on every position's state instead.
+Per-token types (tagging, span QA) put the head on every position's state instead. With a scalar mix
+(ELMo's, the elmo variant) the states the features read are a learned mix of every layer's (ScalarMix),
+not the last layer's.
 
 Saved as a folder: the backbone as lib.models.transformer writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
-`load_classifier(folder)` rebuilds it in one call. Where transformers has the same backbone and head
+`load_classifier(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the same backbone and head
 (`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
 folder is also in transformers' layout for the task's type (the type's `exports`: *ForSequenceClassification,
 also for regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
@@ -42,7 +44,7 @@ from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
 
-HEAD_FILE, META_FILE = "head.safetensors", "classifier.json"
+HEAD_FILE, META_FILE, MIX_FILE = "head.safetensors", "classifier.json", "mix.safetensors"
 EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
 POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
 
@@ -59,6 +61,7 @@ class HeadConfig:
     # RoBERTa's tanh head, ELECTRA's GELU one); None (what older classifier.json files mean): none
     pooler: Literal["tanh", "gelu"] | None = None
     bias: bool = True  # the last linear layer's bias (GPT-2's score layer has none)
+    mix: bool = False  # the features read ELMo's learned scalar mix of every layer's states, not the last layer's
 
     def __post_init__(self):
         if self.pooler is not None and (self.block or self.pooler not in POOLER_ACTIVATIONS):
@@ -80,6 +83,30 @@ def head_activation(family: str | None) -> str:
     return "gelu" if family == "electra" else "tanh"
 
 
+class ScalarMix(nn.Module):
+    """ELMo's eq. 1: gamma * sum_j softmax(s)_j * h_j over the states h_0 (the embedding output) .. h_L
+    (each layer's output), s and gamma learned per task; s starts at 0, the mean of the layers.
+
+    Each state is layer-normalised (without a learned scale) before the mix, the option Peters et al.
+    give for layers of different scales: a pre-LN stack's residual stream grows with depth, so
+    unnormalised, a layer's weight would say as much about its scale as about its use, and the weights
+    reported per task would not compare. (ULMFiT's block, the head after the mix, starts with a
+    LayerNorm, which undoes gamma: gamma is kept, as eq. 1 has it, for heads that do not.)"""
+
+    def __init__(self, n_states: int):
+        super().__init__()
+        self.scalars = nn.Parameter(torch.zeros(n_states))
+        self.gamma = nn.Parameter(torch.ones(()))
+
+    def forward(self, states: list[torch.Tensor]) -> torch.Tensor:
+        normed = torch.stack([F.layer_norm(h, h.shape[-1:]) for h in states])
+        return self.gamma * torch.einsum("l,l...->...", self.scalars.softmax(0), normed)
+
+    def learned(self) -> dict[str, Any]:
+        """What the report shows: the layers' weights softmax(s), bottom (embeddings) to top, and gamma."""
+        return {"layer_weights": self.scalars.softmax(0).tolist(), "gamma": self.gamma.item()}
+
+
 class Classifier(nn.Module):
     """`backbone` + the head `head` describes. A tanh pooler starts from the backbone's pretrained one
     (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler)."""
@@ -97,15 +124,21 @@ class Classifier(nn.Module):
                                       nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
         else:
             self.head = nn.Sequential(nn.Dropout(head.dropout), nn.Linear(d, head.n_classes, bias=head.bias))
+        self.mix = ScalarMix(backbone.cfg.n_layers + 1) if head.mix else None
         if head.pooler == "tanh" and backbone.pooler is not None and head.features == "token":
             self.head[1].load_state_dict(backbone.pooler.dense.state_dict())
             backbone.pooler, backbone.cfg = None, dataclasses.replace(backbone.cfg, pooler=False)
 
     def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
                output_hidden_states: bool = False):
-        """(B, T, d_model) final hidden states; with output_hidden_states also every layer's (see Transformer)."""
+        """(B, T, d_model) final hidden states, or with a scalar mix the mix of every layer's; with
+        output_hidden_states also every layer's (see Transformer)."""
         segments = segment_ids if self.backbone.cfg.segment_vocab else None
-        return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states)
+        if self.mix is None:
+            return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states)
+        _, states = self.backbone(input_ids, segments, attention_mask, output_hidden_states=True)
+        mixed = self.mix(states)
+        return (mixed, states) if output_hidden_states else mixed
 
     def token_state(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, d) the state that sums up a sequence: [CLS]'s, or for a causal model the last real token's,
@@ -143,11 +176,12 @@ class Classifier(nn.Module):
             return self.head(features.float())
 
     def layer_groups(self, with_lm_head: bool = False) -> list[list[nn.Parameter]]:
-        """Bottom to top: the backbone's groups, with the head joining the top one (its final norm).
-        The LM head is left out unless an auxiliary LM loss trains it."""
+        """Bottom to top: the backbone's groups, with the head (and a scalar mix) joining the top one
+        (its final norm). The LM head is left out unless an auxiliary LM loss trains it."""
         groups = self.backbone.layer_groups()
         lm_head = set() if with_lm_head else {id(p) for p in self.backbone.head.parameters()}
-        groups[-1] = [p for p in groups[-1] if id(p) not in lm_head] + list(self.head.parameters())
+        mix = list(self.mix.parameters()) if self.mix is not None else []
+        groups[-1] = [p for p in groups[-1] if id(p) not in lm_head] + list(self.head.parameters()) + mix
         return groups
 
 
@@ -166,6 +200,8 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
     family, why = export_family(cfg)
     if family is None:
         return None, f"the backbone has no transformers equivalent ({why})"
+    if head.mix:
+        return None, "ELMo's scalar mix of the layers has no transformers equivalent"
     if head.features == "concat" or head.block:
         return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
                      "transformers equivalent"
@@ -272,6 +308,8 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
         if family is None:
             save_model(model.backbone, tmp, special)
             write_safetensors(tmp / HEAD_FILE, model.head.state_dict())
+            if model.mix is not None:
+                write_safetensors(tmp / MIX_FILE, model.mix.state_dict())
         else:
             save_model(model.backbone, tmp, special, head_export(model, family, meta))
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
@@ -292,6 +330,8 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
     if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
         model = Classifier(load_model(model_dir), head)
         load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
+        if model.mix is not None:
+            load_weights(model.mix, model_dir / MIX_FILE, model_dir / META_FILE)
     else:  # the head's tensors are in model.safetensors, under transformers' names: read the file once
         theirs = read_weights(model_dir)
         cfg = read_config(model_dir)

@@ -18,6 +18,13 @@ Variants, so that each trick's value shows next to its baseline:
 - `frozen`: a linear probe. The backbone never changes and has no dropout in eval mode, so its concat-
   pooled features are computed once and a logistic regression is fit on them: how much the features
   alone hold.
+- `elmo`: ELMo's feature-based approach (Peters et al. 2018): the backbone frozen as in `frozen` (no
+  gradient, eval mode), the features read a learned softmax-weighted mix of every layer's states scaled
+  by gamma (eq. 1, lib.models.classifier.ScalarMix) instead of the last layer's, and ULMFiT's concat
+  block on them; the mix and the block train with `lr`, linear warmup and decay. The run reports the
+  learned layer weights and gamma (RunResult.learned): which layers the task uses, next to `frozen`'s
+  last layer only. Any backbone takes it: on a causal one each position's mixed state still reads only
+  its left context, and the block reads the last token, which has read the whole text.
 
 Every full variant keeps the weights of its best epoch on the dev set (the task's first metric) and
 stops after `patience` epochs without improvement (lib.training.epoch_loop.EpochLoop, which checkpoints every epoch,
@@ -27,6 +34,7 @@ regularisation picked on the dev set. The kept weights are scored on the evaluat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -66,6 +74,7 @@ class RunResult:
     seconds: float
     confusion: list[list[int]] | None = None  # eval split, rows = true class
     history: list[dict[str, float]] = field(default_factory=list)  # per-epoch train loss, lr, dev metrics
+    learned: dict[str, Any] = field(default_factory=dict)  # what the report shows of the weights (elmo: the mix's)
 
 
 @dataclass
@@ -78,6 +87,7 @@ class Setup:
     schedule: Callable[[int, int], Callable[[int], float]]  # (total steps, steps per epoch) -> LR multiplier
     unfreeze: bool
     epochs: int
+    frozen_backbone: bool = False  # only what is not the backbone trains (elmo)
 
 
 def run_name(task: str, variant: str, seed: int) -> str:
@@ -92,7 +102,7 @@ def warmup_linear(warmup_frac: float) -> Callable[[int, int], Callable[[int], fl
 
 def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
           kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
-    """The model and recipe of a full variant (ulmfit, plain, from_scratch), around a copy of
+    """The model and recipe of a full variant (ulmfit, plain, from_scratch, elmo), around a copy of
     `adapted` (random weights for from_scratch). A sequence-level type's ulmfit head is ULMFiT's
     concat-pooling block, its plain head that of transformers' sequence classifier; a per-token type
     (tagging, spans) puts the block, or a linear layer (as BERT's token-classification and QA heads),
@@ -115,6 +125,9 @@ def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfi
         return Setup(Classifier(backbone, token), cfg.plain_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
     if variant == "from_scratch":
         return Setup(Classifier(backbone, token), cfg.scratch_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
+    if variant == "elmo":
+        return Setup(Classifier(backbone, dataclasses.replace(concat, mix=True)), cfg.lr, 1.0, plain, unfreeze=False,
+                     epochs=cfg.epochs, frozen_backbone=True)
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -141,9 +154,12 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     scoring_started = time.perf_counter()
     dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
     curve = [row[f"dev_{metrics[0]}"] for row in state.history]
+    model = distributed.to_cpu(model, context)  # whole on rank 0, which alone reports
+    learned = model.mix.learned() if model.mix is not None and context.main else {}
     result = RunResult(task.name, variant, seed, curve, state.best_epoch, dev, evaluated, state.steps,
-                       round(state.seconds + time.perf_counter() - scoring_started, 1), confusion, state.history)
-    return result, distributed.to_cpu(model, context)
+                       round(state.seconds + time.perf_counter() - scoring_started, 1), confusion, state.history,
+                       learned)
+    return result, model
 
 
 def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
@@ -190,11 +206,16 @@ class FullTrainer:
         self.kind = TYPES[task.type]
         self.precision = runtime.resolve_precision(impl.precision, device)
         self.context = context
-        # wrapped while every parameter still trains, so that DDP syncs the groups unfrozen later (FSDP
-        # reads requires_grad at every forward)
+        self.frozen = plan.frozen_backbone
+        if self.frozen:  # before wrapping, so that DDP expects no gradient for it
+            model.backbone.requires_grad_(False)
+        # wrapped while every other parameter still trains, so that DDP syncs the groups unfrozen later
+        # (FSDP reads requires_grad at every forward)
         self.synced = distributed.wrap(model, context, device, impl.strategy)
-        self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal
+        self.aux = cfg.aux_lm_weight > 0 and model.backbone.cfg.causal and not self.frozen  # a frozen LM learns nothing
         self.groups = model.layer_groups(with_lm_head=self.aux)
+        if self.frozen:  # one group: what trains
+            self.groups = [[p for group in self.groups for p in group if p.requires_grad]]
         optimizer = adamw(model, cfg, device, plan.lr, plan.lr_decay, self.groups)
         self.steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
         total = self.steps_per_epoch * plan.epochs
@@ -218,6 +239,8 @@ class FullTrainer:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()
+        if self.frozen:  # its features, as `frozen` reads them: no dropout
+            self.model.backbone.eval()
         total, train, kind = 0.0, self.task.train, self.kind
         for group in batch_indices(train, self.cfg.batch_size, seed=self.seed * 1000 + epoch):
             # each term weighted by this rank's share of the batch's units (examples, tagged tokens) or

@@ -58,7 +58,7 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
         child.finish("FAILED")
         raise
     child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
-                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()}})
+                       **{f"eval_{k}": v for k, v in (result.eval or {}).items()}, **numbered(result.learned)})
     child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
     distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
@@ -88,8 +88,15 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
     shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again
     return result
 
+def numbered(values: dict) -> dict[str, float]:
+    """MLflow's flat metrics of RunResult.learned: a list's items as name_0, name_1, ..."""
+    return {f"{k}_{i}" if isinstance(v, list) else k: x for k, v in values.items()
+            for i, x in (enumerate(v) if isinstance(v, list) else [(0, v)])}
+
+
 def summarise(task: TaskData, metric_names: list[str], results: list[RunResult]) -> dict:
-    """Per variant: the evaluation split's metrics (and dev's) as mean, std (over seeds) and per seed."""
+    """Per variant: the evaluation split's metrics (and dev's) as mean, std (over seeds) and per seed,
+    and what its runs learned that the report shows (elmo's layer weights and gamma), per seed."""
     def stats(values: list[float]) -> dict:
         return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                 "seeds": values}
@@ -101,6 +108,7 @@ def summarise(task: TaskData, metric_names: list[str], results: list[RunResult])
                    "best_epoch": [r.best_epoch for r in runs], "seconds": sum(r.seconds for r in runs)}
         if task.eval is not None:
             summary["eval"] = {m: stats([r.eval[m] for r in runs]) for m in metric_names}
+        summary.update({k: [r.learned[k] for r in runs] for k in runs[0].learned})
         variants[variant] = summary
     return {"metric": metric_names[0], "eval_split": task.eval_split if task.eval is not None else None,
             "train_examples": task.size("train"), "dev_examples": task.size("dev"), "eval_examples": task.size("eval"),
