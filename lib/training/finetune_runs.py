@@ -88,6 +88,7 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
     shutil.rmtree(epochs, ignore_errors=True)  # the run is done: its epochs' checkpoints are not needed again
     return result
 
+
 def numbered(values: dict) -> dict[str, float]:
     """MLflow's flat metrics of RunResult.learned: a list's items as name_0, name_1, ..."""
     return {f"{k}_{i}" if isinstance(v, list) else k: x for k, v in values.items()
