@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 
 from lib.config.params import TrackingConfig
@@ -65,7 +66,9 @@ def test_mlflow_serves_the_registered_student_by_its_alias(store, tmp_path):
     with evaluate_run() as run:
         name = register(run, {"accuracy": 0.6}, run.log_model(log_pyfunc, folder, "imdb-student"))
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    # serve execs `uvicorn` by name: the environment's scripts must be on PATH, activated or not
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     # from the store's folder, where its relative artifact paths start (as `mlflow ui`)
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{name}@best",
                                "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port)],
