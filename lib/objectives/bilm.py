@@ -29,13 +29,13 @@ computes.
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from lib.config.params import Params
 from lib.models.hf import ImportedModel
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.base import Objective, register
+from lib.objectives.clm import next_token_loss
 
 
 @register
@@ -74,11 +74,3 @@ class BidirectionalLM(Objective):
         backward stack."""
         super().start_from(imported)
         print("bilm: the backward stack starts fresh (the checkpoint has none)", flush=True)
-
-
-def next_token_loss(model: Transformer, tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """(cross-entropy, detached accuracy) of `model` reading tokens[:, :-1] and predicting tokens[:, 1:]."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model.lm_logits(model(inputs))
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    return loss, (logits.argmax(-1) == targets).float().mean().detach()

@@ -26,11 +26,16 @@ class CausalLM(Objective):
         self.model = Transformer(self.arch)
 
     def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        logits = self.model.lm_logits(self.model(inputs))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        accuracy = (logits.argmax(-1) == targets).float().mean()
-        return loss, {"loss": loss.detach(), "accuracy": accuracy.detach()}
+        loss, accuracy = next_token_loss(self.model, tokens)
+        return loss, {"loss": loss.detach(), "accuracy": accuracy}
 
     def backbone(self) -> Transformer:
         return self.model
+
+
+def next_token_loss(model: Transformer, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(cross-entropy, detached accuracy) of `model` reading tokens[:, :-1] and predicting tokens[:, 1:]."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model.lm_logits(model(inputs))
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return loss, (logits.argmax(-1) == targets).float().mean().detach()
