@@ -114,7 +114,7 @@ def capitalised_spans(words: list[str]) -> list[str]:
     """The runs of 2..MAX_ENTITY_WORDS capitalised words of `words`, none starting a sentence."""
     spans, run = [], []
     previous = "\n"
-    for word in words:
+    for word in [*words, "\n"]:  # the line break ends the last run
         if capitalised(word) and (run or previous not in SENTENCE_END):
             run.append(word)
         else:
@@ -122,8 +122,6 @@ def capitalised_spans(words: list[str]) -> list[str]:
                 spans.append(" ".join(run))
             run = []
         previous = word
-    if 2 <= len(run) <= MAX_ENTITY_WORDS:
-        spans.append(" ".join(run))
     return spans
 
 
