@@ -140,6 +140,37 @@ def test_segments():
         build(segment_vocab=0)(ids, segment_ids=torch.zeros_like(ids))
 
 
+def test_languages():
+    """XLM's language embeddings: no ids = the first language; another language changes every output."""
+    model = build(languages=["en", "de"])
+    ids = tokens()
+    assert torch.allclose(model(ids), model(ids, language_ids=torch.zeros_like(ids)))
+    assert not torch.allclose(model(ids), model(ids, language_ids=torch.ones_like(ids)))
+    with pytest.raises(ValueError, match="languages"):
+        build()(ids, language_ids=torch.zeros_like(ids))
+    with pytest.raises(ValueError, match="languages"):
+        tiny(languages=["en", "en"])
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_restarting_positions_see_a_pair_like_two_texts(position):
+    """XLM's translation pairs: positions restart at the second text. A token of the second text then
+    gets the embeddings (learned, sinusoidal) or the distances (rope, alibi) it would have at the
+    start; counting positions on from 0 (no position_ids) gives the same as 0..T-1 given."""
+    model = build(position=position)
+    ids = tokens(B=1, T=12)
+    counted = torch.arange(12)[None]
+    assert torch.allclose(model(ids), model(ids, position_ids=counted), atol=1e-6)
+    restarted = torch.cat([torch.arange(6), torch.arange(6)])[None]
+    first = model(ids[:, 6:], attention_mask=torch.ones(1, 6, dtype=torch.bool))
+    # the second half alone, attending only to itself: as if it were the start of a text
+    only_second = torch.zeros(1, 12, dtype=torch.bool)
+    only_second[:, 6:] = True
+    pair = model(ids, attention_mask=only_second, position_ids=restarted)
+    assert torch.allclose(pair[:, 6:], first, atol=1e-5)
+    assert not torch.equal(model(ids, position_ids=restarted), model(ids))  # the first text sees it restarted
+
+
 def test_tied_weights_are_one_tensor():
     model = build()
     assert model.head.decoder.weight is model.embeddings.token.weight

@@ -228,9 +228,15 @@ class ModelConfig:
     embedding_size: int | None = None  # ALBERT factorised embeddings: E < d_model, projected up; null = d_model
     share_layers: bool = False  # ALBERT cross-layer parameter sharing: one block applied n_layers times
     segment_vocab: int = 2  # segment (token type) embeddings for sentence pairs; 0 = none
+    # XLM's language embeddings, one per code, added to every token's; [] = none. A token given no
+    # language id reads the first language's.
+    languages: list[str] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
         at_least_one(self, key, "d_model", "n_layers", "n_heads", "d_ff", "max_positions")
+        if len(set(self.languages)) != len(self.languages) or not all(
+                isinstance(code, str) and code.strip() for code in self.languages):
+            raise ParamsError(f"{key}.languages: {self.languages} must be distinct language codes (e.g. [en, de])")
         if self.d_model % self.n_heads:
             raise ParamsError(f"{key}.n_heads: {self.n_heads} must divide {key}.d_model ({self.d_model})")
         if self.position == "rope" and (self.d_model // self.n_heads) % 2:

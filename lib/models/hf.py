@@ -340,6 +340,8 @@ def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
     """(the transformers family that computes exactly what `cfg` does, "") or (None, why there is none)."""
     if cfg.share_layers:
         return None, "layers shared across depth (ALBERT)"
+    if cfg.languages:
+        return None, "language embeddings (XLM)"
     if cfg.position == "rope":
         return rope_family(cfg)
     if cfg.position != "learned":

@@ -154,22 +154,31 @@ class Embeddings(nn.Module):
         elif cfg.position == "sinusoidal":  # fixed: a buffer, not a parameter, and not saved
             self.register_buffer("sinusoids", sinusoids(cfg.max_positions, dim), persistent=False)
         self.segment = nn.Embedding(cfg.segment_vocab, dim) if cfg.segment_vocab else None
+        self.language = nn.Embedding(len(cfg.languages), dim) if cfg.languages else None
         self.norm = cfg.layer_norm(dim) if cfg.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
         self.apply(init_weights)
 
-    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                language_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """position_ids (B, T): each token's position, where they do not simply count from 0 (XLM's
+        translation pairs restart at the second sentence); language_ids (B, T): rows of cfg.languages."""
         x = self.token(input_ids)
         T = input_ids.shape[1]
         if self.cfg.position == "learned":
             offset = self.cfg.position_offset
-            x = x + self.position(torch.arange(offset, offset + T, device=input_ids.device))
+            x = x + self.position(torch.arange(offset, offset + T, device=input_ids.device)
+                                  if position_ids is None else position_ids + offset)
         elif self.cfg.position == "sinusoidal":
-            x = x + self.sinusoids[:T]
+            x = x + (self.sinusoids[:T] if position_ids is None else self.sinusoids[position_ids])
         if self.segment is not None:  # no segment ids = all segment 0, as in BERT
             x = x + (self.segment.weight[0] if segment_ids is None else self.segment(segment_ids))
         elif segment_ids is not None:
             raise ValueError("segment_ids given but model.segment_vocab is 0 (no segment embeddings)")
+        if self.language is not None:  # no language ids = the first language
+            x = x + (self.language.weight[0] if language_ids is None else self.language(language_ids))
+        elif language_ids is not None:
+            raise ValueError("language_ids given but the model has no languages (model.languages is empty)")
         return self.dropout(self.norm(x))
 
 
@@ -297,17 +306,19 @@ class Transformer(nn.Module):
             self.head.decoder.weight = self.embeddings.token.weight
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False):
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                language_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
         """input_ids (B, T) -> hidden (B, T, d_model). attention_mask (B, T): True at real tokens.
-        With output_hidden_states, also the embedding output and each layer's output (before the
-        final norm of pre-LN), n_layers + 1 tensors."""
+        language_ids and position_ids (B, T): see Embeddings. With output_hidden_states, also the
+        embedding output and each layer's output (before the final norm of pre-LN), n_layers + 1 tensors."""
         T = input_ids.shape[1]
-        if T > self.cfg.max_length and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
-            raise ValueError(f"sequence length {T} > the {self.cfg.max_length} positions of the model "
+        longest = T if position_ids is None else int(position_ids.max()) + 1
+        if longest > self.cfg.max_length and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
+            raise ValueError(f"sequence length {longest} > the {self.cfg.max_length} positions of the model "
                              f"for {self.cfg.position} positions; shorten the sequences or raise model.max_positions")
-        x = self.project(self.embeddings(input_ids, segment_ids))
-        mask = self.attention_bias(attention_mask, T)
-        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.position == "rope" else None
+        x = self.project(self.embeddings(input_ids, segment_ids, language_ids, position_ids))
+        mask = self.attention_bias(attention_mask, T, position_ids)
+        rope = self.rope(T, position_ids)
         hidden_states = [x]
         for i in range(self.cfg.n_layers):
             x = self.blocks[i % len(self.blocks)](x, mask, rope)  # one block n_layers times when shared
@@ -315,10 +326,21 @@ class Transformer(nn.Module):
         x = self.norm(x)
         return (x, hidden_states) if output_hidden_states else x
 
-    def attention_bias(self, attention_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
+    def rope(self, T: int, position_ids: torch.Tensor | None = None) -> tuple | None:
+        """RoPE's (cos, sin) for positions 0..T-1, (T, head_size) each, or for position_ids (B, 1, T,
+        head_size); None without rope."""
+        if self.cfg.position != "rope":
+            return None
+        if position_ids is None:
+            return self.rope_cos[:T], self.rope_sin[:T]
+        return self.rope_cos[position_ids][:, None], self.rope_sin[position_ids][:, None]
+
+    def attention_bias(self, attention_mask: torch.Tensor | None, T: int,
+                       position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """One SDPA attn_mask broadcastable to (B, H, T, T): bool (True = may attend) for causal and
-        padding, float with -inf where masked when ALiBi adds its bias. None when SDPA's own is_causal
-        (or no mask at all) is enough, which lets it pick its fused kernels."""
+        padding, float with -inf where masked when ALiBi adds its bias (by the distance of
+        position_ids where given). None when SDPA's own is_causal (or no mask at all) is enough, which
+        lets it pick its fused kernels."""
         alibi = self.cfg.position == "alibi"
         if attention_mask is None and not alibi:
             return None
@@ -336,8 +358,9 @@ class Transformer(nn.Module):
         if not alibi:
             return allowed
         # symmetric |i - j| for bidirectional models; for causal ones the future is masked anyway
-        distance = (pos[None, :] - pos[:, None]).abs()
-        bias = -self.alibi_slopes[:, None, None] * distance
+        at = pos[None] if position_ids is None else position_ids  # (1 or B, T)
+        distance = (at[:, None, :] - at[:, :, None]).abs()[:, None]  # (1 or B, 1, T, T)
+        bias = -self.alibi_slopes[None, :, None, None] * distance
         return bias.masked_fill(~allowed, float("-inf"))
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:

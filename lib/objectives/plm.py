@@ -87,10 +87,7 @@ class PermutationLM(Objective):
         content_allowed, query_allowed, targets = two_stream_masks(order, self.n_predict(T))
         content_mask = self.attention_mask(content_allowed, torch.arange(T, device=inputs.device).expand(B, T))
         query_mask = self.attention_mask(query_allowed, targets)
-        rope = query_rope = None
-        if model.cfg.position == "rope":
-            rope = (model.rope_cos[:T], model.rope_sin[:T])
-            query_rope = (model.rope_cos[targets][:, None], model.rope_sin[targets][:, None])  # (B, 1, P, d)
+        rope, query_rope = model.rope(T), model.rope(T, targets)  # query_rope (B, 1, P, d): at the targets
         h = model.project(model.embeddings(inputs))
         g = self.query_start.to(h.dtype).expand(B, targets.shape[1], -1)
         for i in range(model.cfg.n_layers):
