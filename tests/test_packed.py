@@ -70,6 +70,28 @@ def test_bad_input_is_refused(tmp_path):
             writer.add([[5, 100]], [[1, 1]])
 
 
+def test_languages_per_document(tmp_path):
+    """XLM's corpora: each token (and its document's eos) carries its document's language."""
+    with PackedWriter(tmp_path / "x", 100, EOS, languages=["en", "de"]) as writer:
+        writer.add([[5, 6], [7]], [[1, 0], [1]], languages=["de", "en"])
+        writer.add([[8]], [[1]], languages=["de"])
+        with pytest.raises(ValueError, match="not the writer's"):
+            writer.add([[8]], [[1]], languages=["fr"])
+        with pytest.raises(ValueError, match="one language per document"):
+            writer.add([[8]], [[1]])
+    packed = PackedTokens(tmp_path / "x")
+    assert packed.languages == ["en", "de"]
+    assert packed.language_ids.tolist() == [1, 1, 1, 0, 0, 1, 1]
+    with PackedWriter(tmp_path / "y", 100, EOS) as writer:
+        with pytest.raises(ValueError, match="no languages"):
+            writer.add([[5]], [[1]], languages=["en"])
+        writer.add([[5]], [[1]])
+    assert PackedTokens(tmp_path / "y").language_ids is None
+    packed_path(tmp_path / "x", ".lang").write_bytes(b"\x00")
+    with pytest.raises(UserError, match="x.lang"):
+        PackedTokens(tmp_path / "x")
+
+
 @pytest.mark.parametrize("suffix, damage", [(".bin", "truncate"), (".wstart", "truncate"), (".idx", "truncate"),
                                             (".idx", "scramble"), (".json", "scramble"), (".bin", "delete"),
                                             (".json", "delete")])

@@ -9,7 +9,9 @@ For a path prefix P:
   as words), for whole-word masking;
 - `P.<unit>` for each knowledge unit the writer was given (phrase, entity: lib/data/knowledge.py): uint8,
   like P.wstart but 0 inside a unit too, for masking units whole (mlm.knowledge);
-- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id, units, and `tokenizer`: the SHA-256 of the
+- `P.lang` when the writer was given languages (XLM, corpora.parallel): uint8, each token's language as
+  an index into the metadata's `languages` (a document's eos takes its language);
+- `P.json`: dtype, n_tokens, n_docs, vocab_size, eos_id, units, languages, and `tokenizer`: the SHA-256 of the
   tokenizer.json that encoded them, so a reader can tell token files of another vocabulary.
 The writer streams to temporary files that are renamed into place when it closes; P.json comes last.
 """
@@ -32,6 +34,7 @@ from lib.data.knowledge import UNITS, Knowledge, unit_starts
 
 OFFSET_DTYPE = np.dtype(np.int64)
 FLAG_DTYPE = np.dtype(np.uint8)
+LANGUAGE_DTYPE = np.dtype(np.uint8)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -52,11 +55,14 @@ class PackedWriter:
     """
 
     def __init__(self, prefix: str | Path, vocab_size: int, eos_id: int, tokenizer: str | None = None,
-                 units: Sequence[str] = ()) -> None:
+                 units: Sequence[str] = (), languages: Sequence[str] = ()) -> None:
+        """With `languages` (codes), every document added names its language and P.lang is written."""
         if not 0 <= eos_id < vocab_size:
             raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {vocab_size})")
+        if len(languages) > np.iinfo(LANGUAGE_DTYPE).max + 1 or len(set(languages)) != len(languages):
+            raise ValueError(f"languages {list(languages)}: expected at most 256 distinct codes")
         self.prefix, self.vocab_size, self.eos_id, self.tokenizer = Path(prefix), vocab_size, eos_id, tokenizer
-        self.units = tuple(units)
+        self.units, self.languages = tuple(units), tuple(languages)
         self.dtype = token_dtype(vocab_size)
         self.n_tokens = self.n_docs = 0
         self._files = contextlib.ExitStack()
@@ -64,15 +70,24 @@ class PackedWriter:
             self._files.enter_context(atomic_file(packed_path(prefix, suffix), "wb"))
             for suffix in (".bin", ".wstart", ".idx", *(f".{unit}" for unit in self.units)))
         self._units = dict(zip(self.units, units_files))
+        self._lang = self._files.enter_context(atomic_file(packed_path(prefix, ".lang"), "wb")) \
+            if self.languages else None
         self._idx.write(np.zeros(1, OFFSET_DTYPE).tobytes())  # the first document starts at 0
         self._eos = np.array([eos_id], np.int64)
         self._one = np.ones(1, FLAG_DTYPE)
 
     def add(self, ids_list: Sequence[Sequence[int]], word_start_list: Sequence[Sequence[int]],
-            unit_start_lists: dict[str, Sequence[Sequence[int]]] | None = None) -> None:
+            unit_start_lists: dict[str, Sequence[Sequence[int]]] | None = None,
+            languages: Sequence[str] | None = None) -> None:
         """Append documents: their token ids and, token for token, their word-start flags (0/1) and
-        the unit-start flags of each of the writer's units."""
+        the unit-start flags of each of the writer's units; with a writer of languages, each
+        document's language code."""
         ids = [np.asarray(doc, np.int64) for doc in ids_list]
+        if (languages is None) != (self._lang is None) or (languages is not None and len(languages) != len(ids)):
+            raise ValueError(f"expected {'one language per document' if self.languages else 'no languages'}")
+        if languages is not None and not set(languages) <= set(self.languages):
+            raise ValueError(f"languages {sorted(set(languages) - set(self.languages))} are not the writer's "
+                             f"{list(self.languages)}")
         flags = {"word": word_start_list, **(unit_start_lists or {})}
         if set(flags) != {"word", *self.units}:
             raise ValueError(f"expected word-start flags and unit-start flags of {list(self.units)}, got {list(flags)}")
@@ -88,6 +103,9 @@ class PackedWriter:
         self._bin.write(tokens.astype(self.dtype).tobytes())
         for kind, file in {"word": self._wstart, **self._units}.items():
             file.write(np.concatenate([part for doc in flags[kind] for part in (doc, self._one)]).tobytes())
+        if self._lang is not None:
+            codes = np.array([self.languages.index(code) for code in languages], LANGUAGE_DTYPE)
+            self._lang.write(np.repeat(codes, lengths).tobytes())
         self._idx.write((self.n_tokens + np.cumsum(lengths)).tobytes())
         self.n_tokens += int(lengths.sum())
         self.n_docs += len(ids)
@@ -99,7 +117,7 @@ class PackedWriter:
         write_json(packed_path(self.prefix, ".json"), {
             "dtype": self.dtype.name, "n_tokens": self.n_tokens, "n_docs": self.n_docs,
             "vocab_size": self.vocab_size, "eos_id": self.eos_id, "units": list(self.units),
-            "tokenizer": self.tokenizer})
+            "languages": list(self.languages), "tokenizer": self.tokenizer})
 
     def __enter__(self) -> PackedWriter:
         return self
@@ -126,6 +144,7 @@ class PackedTokens:
             self.eos_id: int = meta["eos_id"]
             self.tokenizer: str | None = meta.get("tokenizer")
             self.units: list[str] = meta.get("units", [])
+            self.languages: list[str] = meta.get("languages", [])
         except FileNotFoundError:
             raise UserError(f"{meta_path}: not found; encode the corpus first") from None
         except (ValueError, KeyError, TypeError) as err:
@@ -134,6 +153,8 @@ class PackedTokens:
         self.word_starts = self._map(".wstart", FLAG_DTYPE, self.n_tokens)
         self.doc_offsets = self._map(".idx", OFFSET_DTYPE, self.n_docs + 1)
         self._unit_maps: dict[str, np.ndarray] = {}
+        # each token's language, an index into self.languages; None for a corpus of no named languages
+        self.language_ids = self._map(".lang", LANGUAGE_DTYPE, self.n_tokens) if self.languages else None
         offsets = self.doc_offsets
         if offsets[0] != 0 or offsets[-1] != self.n_tokens or np.any(offsets[1:] <= offsets[:-1]):
             raise UserError(f"{packed_path(prefix, '.idx')}: document offsets do not rise from 0 to "
