@@ -22,7 +22,8 @@ from lib.training.lm import CURVES, LMPaths, train_language_model
 
 
 def main() -> None:
-    stage = open_stage("adapt", __doc__, inputs={"model": "models/pretrain", "tokens": "data/tokens/domain"},
+    stage = open_stage("adapt", __doc__, inputs={"model": "models/pretrain", "tokens": "data/tokens/domain",
+                                                    "parallel": "data/tokens/parallel"},
                        outputs={"out": "models/adapt", "metrics": "metrics/adapt.json", "plots": "plots/adapt",
                                 "checkpoints": "data/checkpoints/adapt"}, checks=[check_objective])
     args, params = stage.args, stage.params
@@ -48,7 +49,7 @@ def main() -> None:
         if not load_objective(objective, args.model) and objective_extras(objective):
             print(f"warning: {args.model} has no {EXTRAS_FILE} ({name}'s parts beyond the backbone: ELECTRA's "
                   "generator, bilm's backward stack); adapting with fresh ones", flush=True)
-        paths = LMPaths(args.model, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
+        paths = LMPaths(args.model, args.tokens, args.parallel, args.out, args.metrics, args.plots, args.checkpoints)
         metrics = train_language_model("adapt", params, params.adapt, objective, paths, run, stage.keyed_on,
                                        layer_groups=objective.backbone().layer_groups(), measure_before=True)
         if metrics:  # rank 0's

@@ -20,7 +20,8 @@ from lib.training.lm import LMPaths, keep_checkpoint, objective_from_checkpoint,
 
 def main() -> None:
     stage = open_stage("pretrain", __doc__,
-                       inputs={"tokenizer": "data/tokens/tokenizer", "tokens": "data/tokens/pretrain"},
+                       inputs={"tokenizer": "data/tokens/tokenizer", "tokens": "data/tokens/pretrain",
+                               "parallel": "data/tokens/parallel"},
                        outputs={"out": "models/pretrain", "metrics": "metrics/pretrain.json",
                                 "plots": "plots/pretrain", "checkpoints": "data/checkpoints/pretrain"},
                        checks=[check_objective])
@@ -29,7 +30,7 @@ def main() -> None:
     if stage.relaunch():
         return
     torch.manual_seed(params.seed)
-    paths = LMPaths(args.tokenizer, args.tokens, args.out, args.metrics, args.plots, args.checkpoints)
+    paths = LMPaths(args.tokenizer, args.tokens, args.parallel, args.out, args.metrics, args.plots, args.checkpoints)
     with stage.run() as run:
         if not params.init:
             objective = build_objective(params.objective, params, load_tokenizer(args.tokenizer).get_vocab_size(),

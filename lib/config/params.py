@@ -306,6 +306,14 @@ class PLMConfig:
 
 
 @dataclass
+class TLMConfig:
+    pair_batch: int = 32  # XLM's translation pairs per micro-batch, beside pretrain's (or adapt's) token windows
+
+    def validate(self, key: str) -> None:
+        at_least_one(self, key, "pair_batch")
+
+
+@dataclass
 class OptimizerConfig:
     """AdamW and the optimizer step (lib/training/optim.py), the same keys in every stage that trains."""
 
@@ -596,6 +604,7 @@ class Params:
     mlm: MLMConfig = field(default_factory=MLMConfig)
     electra: ElectraConfig = field(default_factory=ElectraConfig)
     plm: PLMConfig = field(default_factory=PLMConfig)
+    tlm: TLMConfig = field(default_factory=TLMConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)

@@ -40,6 +40,16 @@ def check_objective(params: Params) -> None:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.sentence_task)
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} needs objective: {able} and model.segment_vocab >= 2 "
                           f"(they are {params.objective} and {params.model.segment_vocab}); set mlm.sentence: none")
+    if params.model.languages and not objective.reads_languages:
+        able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.reads_languages)
+        raise ParamsError(f"model.languages: language embeddings train with objective: {able}, not "
+                          f"{params.objective}; set model.languages: [] or change the objective")
+    if params.model.languages and params.mlm.sentence != "none":
+        raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with model.languages (XLM) is not supported; "
+                          "set mlm.sentence: none")
+    if objective.reads_pairs and not params.model.languages:
+        raise ParamsError(f"objective: {params.objective} trains on translation pairs in several languages; set "
+                          "corpora.parallel and list their languages in model.languages (docs/configuration.md)")
     if params.finetune.aux_lm_weight > 0 and not objective.causal:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.causal)
         raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "

@@ -20,6 +20,11 @@ class Objective(nn.Module):
     # the knowledge units (lib/data/knowledge.py) whose start flags its batches carry as word_starts: a
     # token starts a word only where it starts a unit of each; () = the tokenizer's word starts
     units: tuple[str, ...] = ()
+    # whether its batches carry each token's language (model.languages, XLM) after the word starts
+    reads_languages: ClassVar[bool] = False
+    # whether translation pairs (lib/data/pairs.py) follow in its batches; such an objective's cost
+    # depends on them, so read_pairs() comes before flops_per_token()
+    reads_pairs: ClassVar[bool] = False
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):

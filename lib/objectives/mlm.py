@@ -30,6 +30,7 @@ class MaskedLM(Objective):
     name = "mlm"
     causal = False
     sentence_task = True
+    reads_languages = True
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
@@ -42,10 +43,13 @@ class MaskedLM(Objective):
             self.sentence_head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))
             self.sentence_head.apply(init_weights)
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, tokens: Tensor, word_starts: Tensor,
+                language_ids: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """language_ids (B, T+1): with model.languages (XLM's MLM), each token's language."""
         if self.masking.sentence == "none":
             masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
-            loss, accuracy, _ = masked_lm_loss(self.model, self.model(masked.inputs), masked)
+            languages = None if language_ids is None else language_ids[:, :-1]
+            loss, accuracy, _ = masked_lm_loss(self.model, self.model(masked.inputs, language_ids=languages), masked)
             return loss, {"loss": loss.detach(), "accuracy": accuracy}
         task = self.masking.sentence
         pairs = sentence_pairs(tokens.cpu(), word_starts.cpu(), task, self.special_ids, tokens.shape[1] - 1)

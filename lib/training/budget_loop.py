@@ -1,7 +1,8 @@
 """The token-budgeted training loop of pretrain and adapt (its optimizer and step: lib/training/optim.py).
 
-It knows nothing of models or objectives: it trains any module whose forward(tokens, word_starts)
-returns (loss, metrics), reads batches by step number, and reports through callbacks. A run's
+It knows nothing of models or objectives: it trains any module whose forward(*batch) returns (loss,
+metrics), reads batches (tuples of tensors: token windows and their word starts, and whatever else an
+objective reads) by step number, and reports through callbacks. A run's
 length is a budget of tokens (which also sets the LR schedule) or minutes, whichever comes first.
 Killed at any point and started again, it resumes from its last checkpoint and, on CPU, follows
 the same loss curve step for step as a run that was never interrupted.
@@ -29,7 +30,7 @@ from lib.training.checkpoint import load_checkpoint, save_run
 from lib.training.distributed import Context
 from lib.training.optim import Stepper, adamw, slanted_triangular, warmup_decay
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, ...]
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
 
@@ -151,10 +152,10 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; (None, {}) when the loss was not finite."""
         totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for micro in range(self.cfg.grad_accum):
-            tokens, word_starts = (t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro))
+            batch = [t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro)]
             with distributed.no_sync(self.synced, skip=micro < self.cfg.grad_accum - 1):  # sync on the last
                 with runtime.autocast(self.device, self.precision):
-                    loss, metrics = self.forward(tokens, word_starts)
+                    loss, metrics = self.forward(*batch)
                 (loss / self.cfg.grad_accum).backward()
             for k, v in metrics.items():
                 totals[k] += v.detach().float() / self.cfg.grad_accum
@@ -195,14 +196,14 @@ class Trainer:
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             for i in range(self.context.rank, math.ceil(len(self.valid) / world) * world, world):
                 counted = i < len(self.valid)
-                tokens, word_starts = self.valid[i if counted else 0]
+                batch = self.valid[i if counted else 0]
                 torch.manual_seed(self.seed + i)
                 with runtime.autocast(self.device, self.precision):
-                    _, metrics = self.module(tokens.to(self.device), word_starts.to(self.device))
+                    _, metrics = self.module(*(t.to(self.device) for t in batch))
                 if counted:
                     for k, v in metrics.items():
-                        sums[k] += float(v) * len(tokens)
-                    count += len(tokens)
+                        sums[k] += float(v) * len(batch[0])
+                    count += len(batch[0])
         self.module.train()
         names = distributed.gather(self.context, sorted(sums))[0]  # rank 0's names: a rank may hold no batch
         totals = distributed.mean(self.context, {k: sums[k] for k in names} | {"_count": count}, self.device)

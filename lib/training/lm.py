@@ -21,6 +21,7 @@ from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens
+from lib.data.pairs import PairBatches, WindowsAndPairs
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
@@ -38,6 +39,7 @@ CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val"
 class LMPaths:
     tokenizer: Path  # the folder whose tokenizer files go into the model folder
     tokens: Path  # packed tokens: <tokens>/train and <tokens>/valid
+    parallel: Path  # packed translation pairs (<parallel>/train, /valid), read by objectives that read_pairs
     out: Path
     metrics: Path
     plots: Path
@@ -56,21 +58,27 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     device = distributed.device_for(context, device)
     facts = runtime.configure(params.impl, device)
     run.log_params({"runtime": facts})
+    train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
+    window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
+    languages = objective.arch.languages if objective.reads_languages else []
+    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
+                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"), units=objective.units,
+                          languages=languages)
+    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches, units=objective.units,
+                          languages=languages)
+    packs = [train_tokens, valid_tokens]
+    if objective.reads_pairs:
+        train, valid, pair_packs = with_pairs(objective, params, cfg, paths, train, valid, context)
+        packs += pair_packs
     flops_per_token = objective.flops_per_token(cfg.seq_len)
     cfg = flops_budget(cfg, flops_per_token, stage)
     if cfg.budget_flops is not None and context.main:
         print(f"{stage}: budget_flops {cfg.budget_flops:.3g} buys {objective.name} {cfg.budget_tokens:,} tokens "
               f"at {flops_per_token:.3g} FLOPs per token", flush=True)
-    train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
-    window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
-    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
-                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"), units=objective.units)
-    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches, units=objective.units)
     tokenizer = tokenizer_sha256(paths.tokenizer)
-    for packed in (train_tokens, valid_tokens):
+    for packed in packs:
         packed.check_tokenizer(tokenizer, paths.tokenizer)
-    run_id = fingerprint(stage_params, tokenizer=tokenizer,
-                         data=[[s.n_tokens, s.n_docs] for s in (train_tokens, valid_tokens)])
+    run_id = fingerprint(stage_params, tokenizer=tokenizer, data=[[s.n_tokens, s.n_docs] for s in packs])
     limit = None if cfg.budget_minutes is None else cfg.budget_minutes * 60
     progress = Progress(stage, planned_tokens(cfg), "tokens", limit_s=limit, limit_key=f"{stage}.budget_minutes")
     trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
@@ -110,6 +118,21 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     write_outputs(metrics, state.history, paths, run)
     shutil.rmtree(paths.checkpoints, ignore_errors=True)  # the model is out: nothing left to resume
     return metrics
+
+
+def with_pairs(objective: Objective, params: Params, cfg: TrainConfig, paths: LMPaths, train: WindowBatches,
+               valid: list, context: distributed.Context) -> tuple[WindowsAndPairs, list, list[PackedTokens]]:
+    """The windows with translation pairs after them (objective tlm), each micro-batch tlm.pair_batch
+    pairs of rows up to seq_len; the objective learns what they cost. Also the pairs' packed splits."""
+    pad_id = saved_special_ids(paths.tokenizer)["pad"]
+    packs = [PackedTokens(paths.parallel / "train"), PackedTokens(paths.parallel / "valid")]
+    pair_train, pair_valid = (
+        PairBatches(packed, objective.arch.languages, params.tlm.pair_batch, cfg.seq_len, params.seed, pad_id,
+                    name=str(packed.prefix), rows=context.share(params.tlm.pair_batch, "tlm.pair_batch"))
+        for packed in packs)
+    objective.read_pairs(pair_train.mean_tokens(), params.tlm.pair_batch / (cfg.batch_size * cfg.seq_len))
+    valid = [(*windows, *pairs) for windows, pairs in zip(valid, pair_valid.fixed(cfg.eval_batches))]
+    return WindowsAndPairs(train, pair_train), valid, packs
 
 
 def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Objective, ImportedModel]:

@@ -1,0 +1,149 @@
+"""XLM's translation LM: pair rows as XLM builds them (positions restarting at the translation, each
+side's language), windows that carry languages, and a masked word read from its translation, which
+masked LM on the same sentences unpaired cannot do."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from lib.config.params import ParamsError, TLMConfig
+from lib.core.errors import UserError
+from lib.data.packed import PackedTokens, PackedWriter
+from lib.data.pairs import PairBatches, WindowsAndPairs
+from lib.data.windows import WindowBatches
+from lib.objectives import check_objective
+from lib.objectives.masking import mask_tokens
+from tests.helpers import TOY_SPECIAL, TOY_VOCAB
+from tests.test_objectives import build, one_thread, tiny_params  # noqa: F401 (the fixture applies here too)
+
+EOS, PAD = TOY_SPECIAL["eos"], TOY_SPECIAL["pad"]
+FIRST = len(TOY_SPECIAL)
+WORDS = 10  # "English" ids FIRST..FIRST+9; "German" translates each to id + WORDS
+
+
+def write_pairs(prefix, pairs: list[tuple[list[int], list[int]]], languages=("en", "de")) -> PackedTokens:
+    """Pairs packed as the tokenizer stage packs them: side a as document 2i, side b as 2i + 1."""
+    with PackedWriter(prefix, TOY_VOCAB, EOS, languages=languages) as writer:
+        docs = [side for pair in pairs for side in pair]
+        writer.add(docs, [[1] * len(doc) for doc in docs], languages=[code for _ in pairs for code in languages])
+    return PackedTokens(prefix)
+
+
+def translated(rows: int, length: int, rng: np.random.Generator) -> list[tuple[list[int], list[int]]]:
+    english = rng.integers(FIRST, FIRST + WORDS, (rows, length))
+    return [(list(map(int, sentence)), list(map(int, sentence + WORDS))) for sentence in english]
+
+
+def test_a_pair_row_is_both_sides_with_positions_restarting_and_their_languages(tmp_path):
+    packed = write_pairs(tmp_path / "p", [([5, 6, 7], [30, 31]), ([8], [33, 34, 35, 36, 37, 38])])
+    # the model lists the languages in another order than the file: rows follow the model's
+    pairs = PairBatches(packed, ["de", "en"], batch_size=2, max_len=8, seed=0, pad_id=PAD)
+    tokens, starts, languages, positions, mask = pairs.rows_of(np.array([0, 1]))
+    assert tokens.tolist() == [[5, 6, 7, EOS, 30, 31, EOS],
+                               [8, EOS, 33, 34, 35, EOS, PAD]]  # side b cut to max_len / 2, its eos kept
+    assert positions.tolist() == [[0, 1, 2, 3, 0, 1, 2], [0, 1, 0, 1, 2, 3, 0]]
+    assert languages.tolist() == [[1, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]]
+    assert mask.tolist() == [[True] * 7, [True] * 6 + [False]]
+    assert starts.dtype == torch.bool and starts[mask].all()
+    assert pairs.mean_tokens() == (7 + 6) / 2
+    again = PairBatches(packed, ["de", "en"], batch_size=2, max_len=8, seed=0, pad_id=PAD)
+    assert all(torch.equal(a, b) for a, b in zip(pairs.batch(7), again.batch(7)))  # a step's pairs: fixed
+
+
+def test_windows_carry_each_tokens_language_in_the_models_order(tmp_path):
+    with PackedWriter(tmp_path / "w", TOY_VOCAB, EOS, languages=["en", "de"]) as writer:
+        writer.add([[5, 6, 7], [30, 31, 32]], [[1, 1, 1], [1, 1, 1]], languages=["en", "de"])
+    packed = PackedTokens(tmp_path / "w")
+    rows = WindowBatches(packed, 8, 1, seed=0, languages=["de", "en"])
+    window, _, ids = rows.batch(0)
+    assert window[0].tolist() == [5, 6, 7, EOS, 30, 31, 32, EOS] and ids[0].tolist() == [1] * 4 + [0] * 4
+    assert len(WindowBatches(packed, 8, 1, seed=0).batch(0)) == 2  # no languages asked: none carried
+
+
+def test_a_language_the_model_lacks_stops_in_one_line(tmp_path):
+    packed = write_pairs(tmp_path / "p", [([5], [30])])
+    with pytest.raises(UserError, match=r"p.json: languages \['en', 'de'\], but model.languages is \['en'\]"):
+        PairBatches(packed, ["en"], batch_size=1, max_len=8, seed=0, pad_id=PAD)
+
+
+def bilingual(position: str = "rope"):
+    return dataclasses.replace(tiny_params().model, languages=["en", "de"], position=position)
+
+
+def tlm(pair_batch: int = 16):
+    return build("tlm", model=bilingual(), tlm=TLMConfig(pair_batch=pair_batch))
+
+
+def unlearnable_windows(rng: np.random.Generator, rows: int = 2, length: int = 17) -> tuple[torch.Tensor, ...]:
+    tokens = torch.from_numpy(rng.integers(FIRST, TOY_VOCAB, (rows, length)))
+    return tokens, torch.ones_like(tokens, dtype=torch.bool), torch.zeros_like(tokens)
+
+
+def test_tlm_reads_a_masked_word_from_its_translation_and_mlm_cannot(tmp_path):
+    """Sentences of independent words, each with a word-for-word translation. TLM learns to fill a
+    word masked on one side from the other side (above 80%); MLM trained on the same sentences as
+    unpaired text stays near chance (1/10) on the same test, for nothing in a sentence tells a word."""
+    rng = np.random.default_rng(0)
+    packed = write_pairs(tmp_path / "p", translated(512, 4, rng))
+    pairs = PairBatches(packed, ["en", "de"], batch_size=32, max_len=16, seed=0, pad_id=PAD)
+    torch.manual_seed(0)
+    objective = tlm(pair_batch=32)
+    objective.read_pairs(pairs.mean_tokens(), 1.0)
+    batches = WindowsAndPairs(type("Windows", (), {"batch": lambda self, s, m=0: unlearnable_windows(rng)})(), pairs)
+    control = build("mlm", model=bilingual())
+    for model in (objective, control):
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for step in range(500):
+            batch = batches.batch(step)
+            if model is objective:
+                loss, _ = model(*batch)
+            else:  # the same sentences, one side at a time, with their languages
+                tokens, starts, languages, _, mask = batch[3:]
+                side = torch.rand(()) < 0.5
+                seen = mask & ((languages == 1) == side)
+                loss, _ = model(torch.where(seen, tokens, PAD), seen, languages)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    tokens, starts, languages, positions, mask = PairBatches(
+        write_pairs(tmp_path / "test", translated(256, 4, np.random.default_rng(1))), ["en", "de"],
+        batch_size=256, max_len=16, seed=0, pad_id=PAD).batch(0)
+    torch.manual_seed(1)
+    masked = mask_tokens(tokens, starts, TOY_SPECIAL, TOY_VOCAB, tiny_params().mlm)
+    accuracy = {}
+    for name, model in (("tlm", objective), ("mlm", control)):
+        backbone = model.eval().backbone()
+        with torch.no_grad():
+            hidden = backbone(masked.inputs, attention_mask=mask, language_ids=languages, position_ids=positions)
+            predicted = backbone.lm_logits(hidden).argmax(-1)
+        accuracy[name] = (predicted == tokens)[masked.selected].float().mean().item()
+    assert accuracy["tlm"] > 0.8 and accuracy["mlm"] < 0.3, accuracy
+
+
+def test_forward_contract_and_flops_count_the_pairs(tmp_path):
+    packed = write_pairs(tmp_path / "p", translated(8, 5, np.random.default_rng(0)))
+    pairs = PairBatches(packed, ["en", "de"], batch_size=4, max_len=16, seed=0, pad_id=PAD)
+    objective = tlm()
+    with pytest.raises(RuntimeError, match="read_pairs"):
+        objective.flops_per_token(16)
+    objective.read_pairs(pairs.mean_tokens(), 0.5)
+    mlm = objective.backbone().flops_per_token(16, predicted=0.15)
+    pair = objective.backbone().flops_per_token(12, predicted=0.15)  # (5 + eos) x 2 tokens a row
+    assert objective.flops_per_token(16) == pytest.approx(mlm + 0.5 * pair)
+    loss, metrics = objective(*unlearnable_windows(np.random.default_rng(0)), *pairs.batch(0))
+    assert set(metrics) == {"loss", "accuracy", "mlm_loss", "tlm_loss", "tlm_accuracy"}
+    assert metrics["loss"] == pytest.approx(float(metrics["mlm_loss"] + metrics["tlm_loss"]))
+    loss.backward()
+    assert objective.backbone().embeddings.language.weight.grad.abs().sum() > 0
+
+
+def test_languages_and_pairs_stop_at_start_without_each_other():
+    with pytest.raises(ParamsError, match=r"^objective: tlm trains on translation pairs"):
+        check_objective(dataclasses.replace(tiny_params(), objective="tlm"))
+    with pytest.raises(ParamsError, match=r"^model.languages: language embeddings train with objective: mlm, tlm"):
+        check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual()))
+    with pytest.raises(ParamsError, match=r"^tlm.pair_batch: 0 must be >= 1"):
+        TLMConfig(pair_batch=0).validate("tlm")
