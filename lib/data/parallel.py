@@ -1,0 +1,131 @@
+"""Parallel text (XLM, `corpora.parallel`): sentence pairs cleaned side by side.
+
+The clean stage writes `<clean>/parallel/<name>/{train,valid}.jsonl.gz`, one `{"<a>": ..., "<b>": ...}`
+row per pair, keyed by the corpus's two language codes. Pairs are sentences (Multi30k's are image
+captions of ~60 characters), not documents, so the document filters (min_chars, junk, near-duplicates)
+do not apply: each side goes through the documents' rewrite rules (clean_text), and a pair is dropped
+when a side is empty or undecodable, when either side contains an evaluation text of a task (STS-B
+holds Flickr captions and Multi30k is Flickr30k's), or when it repeats an earlier pair (case and spacing
+aside). Validation pairs are cleaned first, so a training pair that repeats one is the one dropped.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lib.config.params import CleanConfig, ParallelCorpusConfig
+from lib.core.errors import UserError
+from lib.core.io import JsonlGzWriter
+from lib.core.progress import Progress
+from lib.data.clean import REWRITE_RULES, clean_text
+from lib.data.corpus import SUFFIX, TRAIN, VALID
+from lib.data.dedup import ContaminationIndex, exact_key, word_hashes
+from lib.data.sources import read_rows
+
+PARALLEL = "parallel"  # the folder of the parallel corpora in data/clean
+PAIR_DROP_REASONS = ("empty", "undecodable", "contaminated", "exact_dup")
+
+
+@dataclass
+class PairStats:
+    """Counts of one corpus's cleaning. `rewritten`: sides each rule changed; `dropped`: pairs dropped
+    for each reason (the first that applies)."""
+
+    pairs_in: int = 0
+    pairs_out: int = 0
+    rewritten: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pairs_in": self.pairs_in, "pairs_out": self.pairs_out,
+                "rewritten": {rule: self.rewritten[rule] for rule in REWRITE_RULES},
+                "dropped": {reason: self.dropped[reason] for reason in PAIR_DROP_REASONS}}
+
+
+class PairCleaner:
+    """Cleans a stream of pairs; its exact-duplicate memory lasts across `run` calls (validation, then train)."""
+
+    def __init__(self, cfg: CleanConfig, contamination: ContaminationIndex | None) -> None:
+        self.cfg = cfg
+        self.contamination = contamination if cfg.decontaminate.enabled else None
+        self._seen: set[bytes] = set()
+
+    def run(self, pairs: Iterable[tuple[str, str]], stats: PairStats) -> Iterator[tuple[str, str]]:
+        for raw in pairs:
+            stats.pairs_in += 1
+            sides = []
+            for text in raw:
+                text, rules = clean_text(text, self.cfg)
+                stats.rewritten.update(rules)
+                sides.append(text)
+            reason = self._reason(sides)
+            if reason is not None:
+                stats.dropped[reason] += 1
+                continue
+            stats.pairs_out += 1
+            yield sides[0], sides[1]
+
+    def _reason(self, sides: list[str]) -> str | None:
+        if not all(sides):
+            return "empty"
+        if any("\ufffd" in side for side in sides):  # what decoding put in place of invalid bytes
+            return "undecodable"
+        if self.contamination is not None and any(self.contamination.contains_words(word_hashes(side))
+                                                  for side in sides):
+            return "contaminated"
+        key = b"".join(map(exact_key, sides)) if self.cfg.exact_dedup else None
+        if key in self._seen:
+            return "exact_dup"
+        if key is not None:
+            self._seen.add(key)
+        return None
+
+
+def read_pairs(corpus: ParallelCorpusConfig, split: str, key: str, split_key: str) -> Iterator[tuple[str, str]]:
+    """The (first, second) language's texts of each record of `split` of the corpus's source (at most
+    max_pairs); a record without a text for one of them is a UserError naming the params key."""
+    field_key = f"{key}.translation_field"
+    where = f"field '{corpus.translation_field}' of '{corpus.source}' split '{split}'"
+    for row in read_rows(corpus.source, split, {"translation": corpus.translation_field}, split_key,
+                         corpus.max_pairs, {"translation": field_key}):
+        translation = row["translation"]
+        if not isinstance(translation, dict):
+            raise UserError(f"{field_key}: {where} holds {type(translation).__name__} values, not a mapping of "
+                            'language code to text ({"en": ..., "de": ...}); name the field of the translations')
+        missing = [code for code in corpus.languages if code not in translation]
+        if missing:
+            raise UserError(f"{key}.languages: {missing[0]} is not a language of {where} (it has: "
+                            f"{', '.join(map(str, translation))}); name two of those")
+        texts = [translation[code] for code in corpus.languages]
+        if not all(text is None or isinstance(text, str) for text in texts):
+            raise UserError(f"{field_key}: {where} holds a translation that is not text; name the field of the "
+                            "translations")
+        yield texts[0] or "", texts[1] or ""
+
+
+def clean_parallel(corpus: ParallelCorpusConfig, key: str, cleaner: PairCleaner, out_dir: Path) -> dict:
+    """Clean `corpus` into out_dir/{train,valid}.jsonl.gz (its valid_split, then its splits); return its
+    statistics. A split left without pairs is a UserError naming the corpus."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats = PairStats()
+    start = time.perf_counter()
+    progress = Progress(f"clean: {key}", None, "pairs")
+    parts = {VALID: [(corpus.valid_split, f"{key}.valid_split")], TRAIN: [(s, f"{key}.splits") for s in corpus.splits]}
+    written = {}
+    for part, splits in parts.items():
+        with JsonlGzWriter(out_dir / f"{part}{SUFFIX}") as writer:
+            pairs = itertools.chain.from_iterable(read_pairs(corpus, split, key, split_key) for split, split_key in splits)
+            for first, second in cleaner.run(pairs, stats):
+                writer.write(dict(zip(corpus.languages, (first, second))))
+                progress.tick(stats.pairs_in)
+        written[part] = writer.rows
+        if writer.rows == 0:
+            raise UserError(f"{key}: no {part} pairs left after cleaning ({stats.pairs_in} read); use more data or "
+                            "loosen the clean rules (see metrics)")
+    return {**stats.as_dict(), **{f"{part}_pairs": n for part, n in written.items()},
+            "seconds": round(time.perf_counter() - start, 3)}
