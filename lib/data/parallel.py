@@ -1,4 +1,5 @@
-"""Parallel text (XLM, `corpora.parallel`): sentence pairs cleaned side by side.
+"""Parallel text (XLM, `corpora.parallel`): sentence pairs cleaned side by side, and the documents the
+tokenizer stage makes of them.
 
 The clean stage writes `<clean>/parallel/<name>/{train,valid}.jsonl.gz`, one `{"<a>": ..., "<b>": ...}`
 row per pair, keyed by the corpus's two language codes. Pairs are sentences (Multi30k's are image
@@ -18,16 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lib.config.params import CleanConfig, ParallelCorpusConfig
+import numpy as np
+
+from lib.config.params import CleanConfig, Corpora, ParallelCorpusConfig
 from lib.core.errors import UserError
 from lib.core.io import JsonlGzWriter
 from lib.core.progress import Progress
 from lib.data.clean import REWRITE_RULES, clean_text
-from lib.data.corpus import SUFFIX, TRAIN, VALID
+from lib.data.corpus import SUFFIX, TRAIN, VALID, count_clean, read_clean
 from lib.data.dedup import ContaminationIndex, exact_key, word_hashes
 from lib.data.sources import read_rows
 
-PARALLEL = "parallel"  # the folder of the parallel corpora in data/clean
+PARALLEL = "parallel"  # the folder of the parallel corpora in data/clean and data/tokens
 PAIR_DROP_REASONS = ("empty", "undecodable", "contaminated", "exact_dup")
 
 
@@ -129,3 +132,62 @@ def clean_parallel(corpus: ParallelCorpusConfig, key: str, cleaner: PairCleaner,
                             "loosen the clean rules (see metrics)")
     return {**stats.as_dict(), **{f"{part}_pairs": n for part, n in written.items()},
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+def read_clean_pairs(clean_dir: Path, name: str, corpus: ParallelCorpusConfig, split: str) -> Iterator[tuple[str, str]]:
+    """The pairs of a cleaned parallel corpus's split (train, valid), as clean_parallel wrote them."""
+    a, b = corpus.languages
+    for row in read_rows(str(clean_dir / PARALLEL / name / f"{split}{SUFFIX}"), TRAIN, {a: a, b: b},
+                         f"{clean_dir}/{PARALLEL}/{name}"):
+        yield row[a], row[b]
+
+
+def pair_documents(clean_dir: Path, corpora: Corpora, split: str) -> Iterator[tuple[str, str]]:
+    """(language, text) of each side of every pair of every parallel corpus in params order: pair i's
+    first side, then its second, so that pair i is documents 2i and 2i + 1."""
+    for name, corpus in corpora.parallel.items():
+        a, b = corpus.languages
+        for first, second in read_clean_pairs(clean_dir, name, corpus, split):
+            yield a, first
+            yield b, second
+
+
+def monolingual(clean_dir: Path, corpora: Corpora, split: str) -> Iterator[tuple[str, str]]:
+    """(language, text) of each distinct side of the parallel corpora: the sentences of each language as
+    monolingual text. Each once: Multi30k's English captions are the same in its en-de and en-fr corpora."""
+    seen: set[bytes] = set()
+    for language, text in pair_documents(clean_dir, corpora, split):
+        key = exact_key(f"{language}\t{text}")
+        if key not in seen:
+            seen.add(key)
+            yield language, text
+
+
+def documents(clean_dir: Path, corpora: Corpora, name: str, split: str) -> tuple[Iterable, int]:
+    """The documents the tokenizer stage encodes into data/tokens/<name>/<split>, and how many. PARALLEL:
+    the pairs' sides (pair_documents). A language-model corpus (pretrain, domain): its cleaned texts;
+    with parallel corpora each as (language, text), the pretraining text followed by their monolingual
+    sentences (XLM's masked LM reads every language)."""
+    if name == PARALLEL:
+        pairs = sum(count_clean(clean_dir / PARALLEL, corpus, split) for corpus in corpora.parallel)
+        return pair_documents(clean_dir, corpora, split), 2 * pairs
+    texts, count = read_clean(clean_dir, name, split), count_clean(clean_dir, name, split)
+    if not corpora.parallel:
+        return texts, count
+    tagged = zip(itertools.repeat(getattr(corpora, name).language), texts)
+    if name != "pretrain":
+        return tagged, count
+    sentences = sum(1 for _ in monolingual(clean_dir, corpora, split))
+    return itertools.chain(tagged, monolingual(clean_dir, corpora, split)), count + sentences
+
+
+def pair_tokens(clean_dir: Path, corpora: Corpora, split: str, offsets: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per parallel corpus, the pairs of `split` and their tokens (eos separators not counted), read off the
+    document offsets of its pair token file, where the corpora lie one after another in params order."""
+    counts, first = {}, 0
+    for name in corpora.parallel:
+        pairs = count_clean(clean_dir / PARALLEL, name, split)
+        end = first + 2 * pairs
+        counts[name] = {"pairs": pairs, "tokens": int(offsets[end] - offsets[first]) - 2 * pairs}
+        first = end
+    return counts
