@@ -180,6 +180,9 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     # validation 1,014 / test 1,000 pairs as the copy (its files train/val/test.jsonl; `datasets` names val
     # validation), one field per language where the copy has the translation layout
     ("bentrevett/multi30k", None): Layout("multi30k_en_de", ("translation",), convert=translation_row("en", "de")),
+    # No hub dataset holds Multi30k's English-French text alone: romrawinjp/multi30k has it beside the images
+    # (10.5 GB to stream for 4 MB of text), HWU-F21NL-multi30k has no test split and token ids of its own. So
+    # multi30k_en_fr is read as the local folder it is (../shared/data/multi30k_en_fr), as any local source.
     ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
                                           fields={"id": "idx", "question_category": "categories",
                                                   "question_propmt": "startphrase", "candidate_answers": "endings",
