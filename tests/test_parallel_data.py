@@ -33,7 +33,7 @@ def pair(en: str, other: str, code: str = "de") -> dict:
     return {"translation": {"en": en, code: other}}
 
 
-def tiny_project(base: Path, parallel: bool = True) -> Path:
+def tiny_project(base: Path) -> Path:
     """Local sources (a few Wikipedia articles, IMDb reviews, Multi30k en-de and en-fr pairs with an empty,
     a repeated and a contaminated pair planted, a task whose evaluation text is one of the captions) and
     params over them, tracking off; returns the params file."""
@@ -63,10 +63,9 @@ def tiny_project(base: Path, parallel: bool = True) -> Path:
     params["evaluate"]["zero_shot"] = {}
     params["clean"].update(min_chars=20, workers=1, near_dedup={"enabled": False})
     params["tokenizer"].update(vocab_size=600, train_chars=None, min_frequency=1)
-    if parallel:
-        params["model"]["languages"] = ["en", "de", "fr"]
-        params["corpora"]["parallel"] = {"en_de": {"source": str(src / "en_de"), "languages": ["en", "de"]},
-                                         "en_fr": {"source": str(src / "en_fr"), "languages": ["en", "fr"]}}
+    params["model"]["languages"] = ["en", "de", "fr"]
+    params["corpora"]["parallel"] = {"en_de": {"source": str(src / "en_de"), "languages": ["en", "de"]},
+                                     "en_fr": {"source": str(src / "en_fr"), "languages": ["en", "fr"]}}
     return write_params(base / "params.yaml", params)
 
 
@@ -78,9 +77,10 @@ def stage(name: str, params: Path, *paths: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def run_chain(params: Path) -> Path:
-    """data, clean and tokenizer on the project of `params`; returns its folder."""
-    base = params.parent
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Path:
+    """The tiny project after data, clean and tokenizer; returns its folder."""
+    params = tiny_project(tmp_path_factory.mktemp("parallel"))
     for name, paths in {"data": ["--out", "raw", "--metrics", "metrics/data.json"],
                         "clean": ["--raw", "raw", "--out", "clean", "--metrics", "metrics/clean.json",
                                   "--plots", "plots/clean"],
@@ -88,12 +88,7 @@ def run_chain(params: Path) -> Path:
                                       "--plots", "plots/tokenizer"]}.items():
         done = stage(name, params, *paths)
         assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    return base
-
-
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory) -> Path:
-    return run_chain(tiny_project(tmp_path_factory.mktemp("parallel")))
+    return params.parent
 
 
 def error_of(tmp_path: Path, change) -> str:
@@ -245,23 +240,37 @@ def test_the_pretraining_tokens_gain_each_languages_sentences_tagged(chain):
     assert read_meta(chain / "tokens" / "tokenizer")["train_docs"] == len(clean) + 2 * (len(en_de) + len(en_fr))
 
 
-def test_a_monolingual_chain_has_no_languages_and_no_pairs(tmp_path):
-    base = run_chain(tiny_project(tmp_path, parallel=False))
-    assert PackedTokens(base / "tokens" / "pretrain" / "train").language_ids is None
-    pairs = PackedTokens(base / "tokens" / "parallel" / "train")
+def changed_params(chain: Path, folder: Path, change) -> Path:
+    """The chain's params with `change` made, in `folder`."""
+    params = yaml.safe_load((chain / "params.yaml").read_text())
+    change(params)
+    folder.mkdir()
+    return write_params(folder / "params.yaml", params)
+
+
+def test_a_monolingual_chain_has_no_languages_and_no_pairs(chain, tmp_path):
+    def monolingual(params):
+        params["corpora"]["parallel"] = {}
+        params["model"]["languages"] = []
+
+    params = changed_params(chain, tmp_path / "mono", monolingual)
+    done = stage("tokenizer", params, "--clean", str(chain / "clean"), "--out", "tokens", "--metrics", "tokenizer.json",
+                 "--plots", "plots")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert PackedTokens(tmp_path / "mono" / "tokens" / "pretrain" / "train").language_ids is None
+    pairs = PackedTokens(tmp_path / "mono" / "tokens" / "parallel" / "train")
     assert pairs.n_docs == 0 and pairs.language_ids is None
-    assert not (base / "clean" / "parallel").exists()
-    assert "parallel" not in json.loads((base / "metrics" / "tokenizer.json").read_text())
+    assert "parallel" not in json.loads((tmp_path / "mono" / "tokenizer.json").read_text())
 
 
-def test_a_record_without_one_of_the_languages_is_one_line_and_leaves_no_output(tmp_path):
-    params = tiny_project(tmp_path)
-    raw = yaml.safe_load(params.read_text())
-    raw["corpora"]["parallel"]["en_de"]["languages"] = ["en", "cs"]
-    raw["model"]["languages"].append("cs")
-    write_params(params, raw)
-    assert stage("data", params, "--out", "raw", "--metrics", "data.json").returncode == 0
-    done = stage("clean", params, "--raw", "raw", "--out", "clean", "--metrics", "clean.json", "--plots", "plots")
-    assert done.returncode == 2 and not (tmp_path / "clean").exists()
+def test_a_record_without_one_of_the_languages_is_one_line_and_leaves_no_output(chain, tmp_path):
+    def czech(params):
+        params["corpora"]["parallel"]["en_de"]["languages"] = ["en", "cs"]
+        params["model"]["languages"].append("cs")
+
+    params = changed_params(chain, tmp_path / "cs", czech)
+    done = stage("clean", params, "--raw", str(chain / "raw"), "--out", "clean", "--metrics", "clean.json",
+                 "--plots", "plots")
+    assert done.returncode == 2 and not (tmp_path / "cs" / "clean").exists()
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: corpora.parallel.en_de.languages: cs is not a language of field 'translation' of ")
