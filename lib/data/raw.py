@@ -10,7 +10,8 @@ come from, in this order:
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.
 A hub dataset whose names or values differ from ours (IMDb's split `unsupervised`, GLUE's `sentence`
-fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article)
+fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article,
+Multi30k's field per language)
 is mapped in LAYOUTS, the one place for it, onto the names and values of its mirror copy, so params read
 the same whichever way the rows came. A source already read with the same
 identity (source, row cap, FORMAT; a local source's file contents) is not read again.
@@ -175,18 +176,19 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
                                             numbered="idx"),
     # hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd (main after its conversion to parquet;
     # pinned so by one project): the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
-    # hf:bentrevett/multi30k@37e118600232bb5298ca011a8a7e7a44e863c36a (its last commit to the data files,
-    # "fix empty examples"; later ones change the README only): Multi30k task 1 English-German, train 29,000 /
-    # validation 1,014 / test 1,000 pairs as the copy (its files train/val/test.jsonl; `datasets` names val
-    # validation), one field per language where the copy has the translation layout
-    ("bentrevett/multi30k", None): Layout("multi30k_en_de", ("translation",), convert=translation_row("en", "de")),
-    # No hub dataset holds Multi30k's English-French text alone: romrawinjp/multi30k has it beside the images
-    # (10.5 GB to stream for 4 MB of text), HWU-F21NL-multi30k has no test split and token ids of its own. So
-    # multi30k_en_fr is read as the local folder it is (../shared/data/multi30k_en_fr), as any local source.
     ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
                                           fields={"id": "idx", "question_category": "categories",
                                                   "question_propmt": "startphrase", "candidate_answers": "endings",
                                                   "correct_answer_idx": "label"}, convert=codah_row),
+    # hf:bentrevett/multi30k@37e118600232bb5298ca011a8a7e7a44e863c36a (its last commit to the data files,
+    # "fix empty examples"; later ones change the README only): Multi30k task 1 English-German, train 29,000 /
+    # validation 1,014 / test 1,000 pairs as the copy (its files train/val/test.jsonl; `datasets` names val
+    # validation), one field per language where the copy has the translation layout. The revision is the hub's
+    # commit history's; its rows were not compared with the copy's (no network here)
+    ("bentrevett/multi30k", None): Layout("multi30k_en_de", ("translation",), convert=translation_row("en", "de")),
+    # No hub dataset holds Multi30k's English-French text alone: romrawinjp/multi30k has it beside the images
+    # (10.5 GB to stream for 4 MB of text), HWU-F21NL-multi30k has no test split and token ids of its own. So
+    # multi30k_en_fr is read as the local folder it is (../shared/data/multi30k_en_fr), as any local source.
 }
 
 
