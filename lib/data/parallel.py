@@ -91,7 +91,8 @@ class PairCleaner:
 
 def read_pairs(corpus: ParallelCorpusConfig, split: str, key: str, split_key: str) -> Iterator[tuple[str, str]]:
     """The (first, second) language's texts of each record of `split` of the corpus's source (at most
-    max_pairs); a record without a text for one of them is a UserError naming the params key."""
+    max_pairs), a null text as ''; a translation field that lacks one of the languages or holds no texts is a
+    UserError naming the params key."""
     field_key = f"{key}.translation_field"
     where = f"field '{corpus.translation_field}' of '{corpus.source}' split '{split}'"
     for row in read_rows(corpus.source, split, {"translation": corpus.translation_field}, split_key,
