@@ -3,7 +3,9 @@
 Reads the `pretrain` and `domain` corpora named in params.yaml (their copies in --raw, which the
 `data` stage wrote) and drops documents that hold an evaluation text of a task (the splits and fields
 --raw/eval_texts.json names, not params.yaml's `tasks`, so that only a change there reruns it); writes
-`<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV.
+`<out>/<corpus>/{train,valid}.jsonl.gz`, per-rule counts to the metrics JSON and a plot CSV. The pairs of
+each `corpora.parallel` corpus are cleaned side by side into `<out>/parallel/<name>/{train,valid}.jsonl.gz`
+(lib/data/parallel.py), decontaminated alike.
 """
 import json
 from pathlib import Path
@@ -14,6 +16,7 @@ from lib.core.progress import Progress
 from lib.core.stage import open_stage
 from lib.data.clean import DocumentCleaner, build_contamination_index
 from lib.data.corpus import CORPORA, clean_corpus, eval_texts, planned_docs
+from lib.data.parallel import PARALLEL, PairCleaner, clean_parallel
 from lib.data.raw import IDENTITY_FILE, localize, read_eval_text_spec
 
 
@@ -39,6 +42,12 @@ def main() -> None:
                 metrics[name] = clean_corpus(corpus, f"corpora.{name}", cleaner, out / name, progress)
                 print(f"clean: {name}: {metrics[name]['docs_in']} docs in, {metrics[name]['docs_out']} kept "
                       f"({metrics[name]['mb_per_s']} MB/s)", flush=True)
+            for name, corpus in local.corpora.parallel.items():
+                done = clean_parallel(corpus, f"corpora.parallel.{name}", PairCleaner(cfg, contamination),
+                                      out / PARALLEL / name)
+                metrics.setdefault(PARALLEL, {})[name] = done
+                print(f"clean: parallel {name}: {done['pairs_in']} pairs in, {done['pairs_out']} kept; dropped "
+                      f"{', '.join(f'{n} {reason}' for reason, n in done['dropped'].items())}", flush=True)
         if contamination is not None:
             metrics["decontamination"] = contamination.summary()
         write_json(args.metrics, metrics)
@@ -56,10 +65,12 @@ def source_rows(folder: Path) -> dict[str, int] | None:
 
 
 def write_rule_plot(path: Path, metrics: dict) -> None:
-    """One row per (corpus, rule): how many documents the rule rewrote or dropped."""
-    write_csv(path, ["rule", "docs"], [[f"{corpus}: {kind} {rule}", count] for corpus in CORPORA
+    """One row per (corpus, rule): how many documents (of a parallel corpus: pairs) the rule rewrote or dropped."""
+    corpora = {**{corpus: metrics[corpus] for corpus in CORPORA},
+               **{f"{PARALLEL} {name}": done for name, done in metrics.get(PARALLEL, {}).items()}}
+    write_csv(path, ["rule", "docs"], [[f"{corpus}: {kind} {rule}", count] for corpus, done in corpora.items()
                                        for kind in ("rewritten", "dropped")
-                                       for rule, count in sorted(metrics[corpus][kind].items())])
+                                       for rule, count in sorted(done[kind].items())])
 
 
 if __name__ == "__main__":

@@ -6,14 +6,22 @@ taken instead of training one (lib/models/hf.py), and the corpora are encoded wi
 Before encoding, phrases and named entities are mined from the pretraining train text the tokenizer
 learns from (lib/data/knowledge.py) for ERNIE's knowledge masking (mlm.knowledge).
 
+With `corpora.parallel` (XLM), the tokenizer also learns from both sides of every parallel train split
+(beyond tokenizer.train_chars: one vocabulary for every language), every token file is tagged with its
+documents' languages (P.lang), the pretraining files end with the parallel corpora's distinct sentences
+as documents of their language, and `parallel/<split>` holds the pairs: documents 2i and 2i + 1 are pair
+i's two sides, the corpora one after another in params order. Without it `parallel/<split>` holds no
+pairs: it is always there, so a stage can depend on it whatever params say.
+
 Writes one folder, --out (data/tokens): `tokenizer/` (tokenizer.json, + spm.model for unigram),
 `knowledge.json` (the mined phrases and entities with their counts) and, for each corpus and split,
-`<corpus>/<split>.{bin,idx,wstart,phrase,entity,json}`, replaced together, so token files
+`<corpus>/<split>.{bin,idx,wstart,phrase,entity,lang,json}`, replaced together, so token files
 never meet another vocabulary (each records the SHA-256 of the tokenizer.json that encoded it, and
 the training stages check it); a metrics JSON and a document-length plot CSV.
 """
 import time
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -22,8 +30,9 @@ from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
 from lib.core.stage import open_stage
 from lib.data import knowledge
-from lib.data.corpus import CORPORA, TRAIN, VALID, count_clean, read_clean
+from lib.data.corpus import CORPORA, TRAIN, VALID, read_clean
 from lib.data.packed import PackedTokens, encode_to_packed
+from lib.data.parallel import PARALLEL, documents, pair_documents, pair_tokens
 from lib.data.tokenizer import TrainingText, read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
 from lib.models.hf import init_folder, save_tokenizer
 
@@ -40,27 +49,35 @@ def main() -> None:
 
     with stage.run() as run:
         with atomic_dir(args.out) as out:
+            corpora, languages = params.corpora, params.corpora.languages()
             if params.init:
                 tokenizer = save_tokenizer(init_folder(params), params.init, out / TOKENIZER)
             else:
-                tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER)
+                sides = (text for _, text in pair_documents(args.clean, corpora, TRAIN))
+                tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER, sides)
             vocab_size, signature = tokenizer.get_vocab_size(), tokenizer_sha256(out / TOKENIZER)
             eos_id = saved_special_ids(out / TOKENIZER)["eos"]
             metrics: dict = {"vocab_size": vocab_size, "algorithm": read_meta(out / TOKENIZER)["algorithm"],
                              "init": params.init}
             units, metrics["knowledge"] = mine_knowledge(args.clean, cfg.train_chars, out / KNOWLEDGE)
-            for corpus in CORPORA:
+
+            def encode(name: str, split: str, docs: Iterable, count: int) -> None:
+                prefix = out / name / split
+                prefix.parent.mkdir(parents=True, exist_ok=True)
+                stats = encode_to_packed(tokenizer, docs, prefix, vocab_size, eos_id, cfg.batch_docs,
+                                         tokenizer_sha256=signature, knowledge=units, languages=languages,
+                                         progress=Progress(f"tokenizer: {name}/{split}", count, "docs"))
+                metrics[f"{name}_{split}"] = summarize(stats)
+                print(f"tokenizer: {name}/{split}: {stats.tokens} tokens from {stats.docs} docs "
+                      f"({metrics[f'{name}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)
+
+            for name in (*CORPORA, PARALLEL):
                 for split in (TRAIN, VALID):
-                    prefix = out / corpus / split
-                    prefix.parent.mkdir(parents=True, exist_ok=True)
-                    stats = encode_to_packed(tokenizer, read_clean(args.clean, corpus, split), prefix,
-                                             vocab_size, eos_id, cfg.batch_docs, tokenizer_sha256=signature,
-                                             knowledge=units,
-                                             progress=Progress(f"tokenizer: {corpus}/{split}",
-                                                               count_clean(args.clean, corpus, split), "docs"))
-                    metrics[f"{corpus}_{split}"] = summarize(stats)
-                    print(f"tokenizer: {corpus}/{split}: {stats.tokens} tokens from {stats.docs} docs "
-                          f"({metrics[f'{corpus}_{split}']['tokens_per_s']:.0f} tokens/s)", flush=True)
+                    encode(name, split, *documents(args.clean, corpora, name, split))
+            if corpora.parallel:
+                metrics[PARALLEL] = {split: pair_tokens(args.clean, corpora, split,
+                                                        PackedTokens(out / PARALLEL / split).doc_offsets)
+                                     for split in (TRAIN, VALID)}
             lengths = {c: np.diff(PackedTokens(out / c / TRAIN).doc_offsets) for c in CORPORA}
         write_json(args.metrics, metrics)
         write_length_plot(args.plots / "doc_lengths.csv", lengths)

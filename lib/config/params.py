@@ -26,7 +26,8 @@ LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz",
 # A float in YAML 1.2 that PyYAML (YAML 1.1) reads as a string: 2e-05 and 1e14 have no dot or no exponent
 # sign. DVC writes `-S` values back this way (ruamel, YAML 1.2), so a float field takes them as numbers.
 YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a task's name is a folder and file name of its outputs
+# a task's or a parallel corpus's name is a folder and file name of its outputs
+FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 RECIPES = Path(__file__).resolve().parent / "recipes"  # a named recipe is RECIPES/<name>.yaml
 
 
@@ -45,9 +46,12 @@ class CorpusConfig:
     valid_fraction: float = 0.01  # share of documents hashed into validation when valid_split is None
     max_docs: int | None = None  # read at most this many documents of each split of the source (of a hub
     # dataset: of each split the hub publishes; the data stage downloads no more than that)
+    language: str = "en"  # its code, which tags its tokens when corpora.parallel makes the chain multilingual
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
+        if not self.language.strip():
+            raise ParamsError(f"{key}.language: empty; write a language code, e.g. en")
         if not self.splits:
             raise ParamsError(f"{key}.splits: empty; name at least one split, e.g. [train]")
         if self.valid_split is None and not 0.0 < self.valid_fraction < 1.0:
@@ -70,9 +74,51 @@ class DataConfig:
 
 
 @dataclass
+class ParallelCorpusConfig:
+    """Sentence pairs in two languages, for XLM's translation LM (objective tlm). Each record holds, in
+    `translation_field`, a mapping of language code to text: {"translation": {"en": "...", "de": "..."}},
+    the Hugging Face translation layout. The clean stage cleans pairs side by side; the tokenizer stage
+    trains on both sides and encodes them as pairs and as monolingual sentences."""
+
+    source: str  # a local file/folder, or hf:<org>/<name>[/<config>][@<revision>]
+    languages: list[str]  # the two codes of each record's translation, in the order the pair is written
+    translation_field: str = "translation"
+    splits: list[str] = field(default_factory=lambda: ["train"])  # read and cleaned as training pairs
+    valid_split: str = "validation"  # a split of the source used as validation pairs
+    max_pairs: int | None = None  # read at most this many pairs of each split of the source
+
+    def validate(self, key: str) -> None:
+        check_source(self.source, f"{key}.source")
+        if len(self.languages) != 2 or len(set(self.languages)) != 2 or not all(
+                code.strip() for code in self.languages):
+            raise ParamsError(f"{key}.languages: [{', '.join(self.languages)}] must be two distinct language codes, "
+                              "e.g. [en, de]")
+        if not self.splits:
+            raise ParamsError(f"{key}.splits: empty; name at least one split, e.g. [train]")
+        if self.valid_split in self.splits:
+            raise ParamsError(f"{key}.valid_split: '{self.valid_split}' is also in {key}.splits; "
+                              "validation pairs must not be training pairs")
+        at_least_one_or_null(self, key, "max_pairs")
+
+
+@dataclass
 class Corpora:
     pretrain: CorpusConfig  # general-domain text for pretraining (default: Wikipedia)
     domain: CorpusConfig  # target-domain text for adaptation (default: IMDb train + unsup)
+    # name -> sentence pairs for XLM (objective tlm); {} = a monolingual chain, its token files untagged
+    parallel: dict[str, ParallelCorpusConfig] = field(default_factory=dict)
+
+    def validate(self, key: str) -> None:
+        for name in self.parallel:
+            check_folder_name(name, f"{key}.parallel", "corpus")
+
+    def languages(self) -> list[str]:
+        """The language codes the chain's token files are tagged with, in first-seen order (pretrain,
+        domain, then each parallel corpus's); [] without parallel corpora: the token files are untagged."""
+        if not self.parallel:
+            return []
+        codes = [self.pretrain.language, self.domain.language]
+        return list(dict.fromkeys(codes + [code for corpus in self.parallel.values() for code in corpus.languages]))
 
 
 @dataclass
@@ -618,12 +664,26 @@ class Params:
         hint = f"did you mean '{close[0]}'?" if close else f"tasks has: {', '.join(self.tasks)}"
         return ParamsError(f"{key}: '{task}' is not a task in `tasks`; {hint}")
 
+    def check_languages(self) -> None:
+        """Every language the token files are tagged with (Corpora.languages) has a language embedding."""
+        if not self.corpora.parallel:
+            return
+        tagged = [(f"corpora.{name}.language", [getattr(self.corpora, name).language]) for name in ("pretrain", "domain")]
+        tagged += [(f"corpora.parallel.{name}.languages", corpus.languages)
+                   for name, corpus in self.corpora.parallel.items()]
+        for key, codes in tagged:
+            for code in codes:
+                if code not in self.model.languages:
+                    raise ParamsError(f"{key}: {code} is not in model.languages [{', '.join(self.model.languages)}]; "
+                                      "add it")
+
     def validate(self, key: str) -> None:
         if self.init is not None and not self.init.removeprefix(HUB_PREFIX).partition("@")[0].strip("/ "):
             raise ParamsError(f"init: '{self.init}' names no checkpoint; write a folder, hf:<org>/<name>[@revision] "
                               "or null (pretrain from scratch)")
         for name in self.tasks:
-            check_task_name(name)
+            check_folder_name(name, "tasks", "task")
+        self.check_languages()
         if self.init is not None:  # every stage and the tracked params see the values finetuning uses
             self.finetune = self.finetune.from_checkpoint()
         for name in ("pretrain", "adapt"):
@@ -687,11 +747,11 @@ def check_ulmfit_lr(section: Any, key: str) -> None:
         raise ParamsError(f"{key}.lr_decay: {section.lr_decay} must be >= 1 (1 = one LR for all layers)")
 
 
-def check_task_name(name: str) -> None:
-    """Stages join task names into paths (models/finetune/<task>, plots/finetune/<task>.csv): a name
-    like ../../x would write outside the project."""
-    if not TASK_NAME.fullmatch(name) or ".." in name:
-        raise ParamsError(f"tasks.{repr(name)[1:-1]}: not a usable task name (it names output folders and files); "
+def check_folder_name(name: str, section: str, what: str) -> None:
+    """Stages join the names of tasks and parallel corpora into paths (models/finetune/<task>,
+    data/clean/parallel/<name>): a name like ../../x would write outside the project."""
+    if not FOLDER_NAME.fullmatch(name) or ".." in name:
+        raise ParamsError(f"{section}.{repr(name)[1:-1]}: not a usable {what} name (it names output folders and files); "
                           "use letters, digits, '_', '-' and '.', starting with a letter, digit or '_', without '..'")
 
 

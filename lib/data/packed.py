@@ -214,17 +214,18 @@ class EncodeStats:
         return self.tokens / self.words if self.words else 0.0
 
 
-def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | Path, vocab_size: int,
-                     eos_id: int, batch_docs: int, unk_id: int | None = None,
+def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str] | Iterable[tuple[str, str]], prefix: str | Path,
+                     vocab_size: int, eos_id: int, batch_docs: int, unk_id: int | None = None,
                      tokenizer_sha256: str | None = None, progress: Progress | None = None,
-                     knowledge: Knowledge | None = None) -> EncodeStats:
+                     knowledge: Knowledge | None = None, languages: Sequence[str] = ()) -> EncodeStats:
     """Tokenize `texts` in batches of `batch_docs` and write them to the packed files of `prefix`.
 
     Documents get no bos/eos template (the packing adds one eos after each). The stats count `unk_id`,
     by default the unknown-token id of the tokenizer's model (byte-level BPE has none).
     `tokenizer_sha256` (of the saved tokenizer.json) is recorded for PackedTokens.check_tokenizer.
     `progress` counts the documents encoded. With `knowledge`, the unit-start flags of its phrases and
-    entities are written too (P.phrase, P.entity).
+    entities are written too (P.phrase, P.entity). With `languages` (codes), `texts` yields (language,
+    text) pairs, and each document's language is written (P.lang).
     """
     if unk_id is None:
         unk_id = model_unk_id(tokenizer)
@@ -232,14 +233,16 @@ def encode_to_packed(tokenizer: Tokenizer, texts: Iterable[str], prefix: str | P
     stats = EncodeStats()
     start = time.perf_counter()
     units = UNITS if knowledge is not None else ()
-    with PackedWriter(prefix, vocab_size, eos_id, tokenizer_sha256, units) as writer:
+    with PackedWriter(prefix, vocab_size, eos_id, tokenizer_sha256, units, languages) as writer:
         for batch in batched(texts, batch_docs):
+            codes = [code for code, _ in batch] if languages else None
+            batch = [text for _, text in batch] if languages else batch
             encodings = tokenizer.encode_batch(batch, add_special_tokens=False)  # in Rust, on every core
             ids = [encoding.ids for encoding in encodings]
             starts = [word_starts(encoding.word_ids) for encoding in encodings]
             found = [unit_starts(text, encoding.char_to_token, flags, knowledge)
                      for text, encoding, flags in zip(batch, encodings, starts)] if units else []
-            writer.add(ids, starts, {unit: [doc[unit] for doc in found] for unit in units})
+            writer.add(ids, starts, {unit: [doc[unit] for doc in found] for unit in units}, codes)
             stats.docs += len(batch)
             stats.tokens += sum(map(len, ids))
             stats.words += sum(len(text.split()) for text in batch)

@@ -1,7 +1,7 @@
 """Stage `data`: every source the chain reads, read once into data/raw/<name>/, so that the stages
 after it depend on content DVC tracks, not on a path outside the repository or on a hub download.
 
-A source in params (`corpora.*.source`, `tasks.*.source`) is a hub id,
+A source in params (`corpora.{pretrain,domain}.source`, `corpora.parallel.*.source`, `tasks.*.source`) is a hub id,
 `hf:<org>/<name>[/<config>][@<revision>]`, or a local file or folder. Each becomes data/raw/<name>/,
 one `<split>.jsonl.gz` per split (a local source: its data files, copied as they are) and
 `.source.json`, the identity it was read with (hidden, so that no reader takes it for a split). The rows
@@ -10,7 +10,8 @@ come from, in this order:
 - a hub id with a copy in the mirror (`data.mirror`, `<mirror>/<name>/`): that copy;
 - otherwise the hub, through `datasets`, streaming, at the pinned revision.
 A hub dataset whose names or values differ from ours (IMDb's split `unsupervised`, GLUE's `sentence`
-fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article)
+fields, Wikipedia's single split, CoNLL-2003's tag ids, SQuAD's dev set that our copies split by article,
+Multi30k's field per language)
 is mapped in LAYOUTS, the one place for it, onto the names and values of its mirror copy, so params read
 the same whichever way the rows came. A source already read with the same
 identity (source, row cap, FORMAT; a local source's file contents) is not read again.
@@ -95,6 +96,12 @@ def conll_row(row: dict[str, Any]) -> dict[str, Any]:
             "ner_tags": [CONLL_NER[i] for i in row["ner_tags"]]}
 
 
+def translation_row(*languages: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A hub row holding one field per language ({"en": ..., "de": ...}) in the translation layout of the
+    mirror copies ({"translation": {"en": ..., "de": ...}})."""
+    return lambda row: {"translation": {code: row[code] for code in languages}}
+
+
 CODAH_CATEGORIES = "irpnqo"  # the TSV's letters of the hub's ClassLabel Idioms, Reference, Polysemy, ..., Others
 
 
@@ -173,6 +180,15 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
                                           fields={"id": "idx", "question_category": "categories",
                                                   "question_propmt": "startphrase", "candidate_answers": "endings",
                                                   "correct_answer_idx": "label"}, convert=codah_row),
+    # hf:bentrevett/multi30k@37e118600232bb5298ca011a8a7e7a44e863c36a (its last commit to the data files,
+    # "fix empty examples"; later ones change the README only): Multi30k task 1 English-German, train 29,000 /
+    # validation 1,014 / test 1,000 pairs as the copy (its files train/val/test.jsonl; `datasets` names val
+    # validation), one field per language where the copy has the translation layout. The revision is the hub's
+    # commit history's; its rows were not compared with the copy's (no network here)
+    ("bentrevett/multi30k", None): Layout("multi30k_en_de", ("translation",), convert=translation_row("en", "de")),
+    # No hub dataset holds Multi30k's English-French text alone: romrawinjp/multi30k has it beside the images
+    # (10.5 GB to stream for 4 MB of text), HWU-F21NL-multi30k has no test split and token ids of its own. So
+    # multi30k_en_fr is read as the local folder it is (../shared/data/multi30k_en_fr), as any local source.
 }
 
 
@@ -190,6 +206,8 @@ def uses(params: Params) -> dict[str, Use]:
     named: dict[str, Use] = {}
     found = [(f"corpora.{name}", getattr(params.corpora, name).source, getattr(params.corpora, name).max_docs)
              for name in ("pretrain", "domain")]
+    found += [(f"corpora.parallel.{name}", corpus.source, corpus.max_pairs)
+              for name, corpus in params.corpora.parallel.items()]
     found += [(f"tasks.{name}", task.source, None) for name, task in params.tasks.items()]
     for key, source, max_rows in found:
         name = raw_name(source, f"{key}.source")
@@ -233,7 +251,9 @@ def localize(params: Params, raw_dir: Path) -> Params:
         return replace(section, source=str(raw_dir / raw_name(section.source, f"{key}.source")))
 
     corpora = replace(params.corpora, **{n: local(getattr(params.corpora, n), f"corpora.{n}")
-                                         for n in ("pretrain", "domain")})
+                                         for n in ("pretrain", "domain")},
+                      parallel={name: local(corpus, f"corpora.parallel.{name}")
+                                for name, corpus in params.corpora.parallel.items()})
     tasks = {name: local(task, f"tasks.{name}") for name, task in params.tasks.items()}
     return replace(params, corpora=corpora, tasks=tasks)
 
@@ -290,8 +310,9 @@ def check_splits(params: Params, splits: dict[str, Iterable[str] | None]) -> Non
     that the source does not have (`splits`: data/raw name -> the source's splits, None where not known yet).
     The stages after `data` read data/raw's copy, whose name would tell the user nothing."""
     wanted = []
-    for corpus_name in ("pretrain", "domain"):
-        corpus, key = getattr(params.corpora, corpus_name), f"corpora.{corpus_name}"
+    corpora = {f"corpora.{name}": getattr(params.corpora, name) for name in ("pretrain", "domain")}
+    corpora.update({f"corpora.parallel.{name}": corpus for name, corpus in params.corpora.parallel.items()})
+    for key, corpus in corpora.items():
         wanted += [(f"{key}.splits", corpus.source, split) for split in corpus.splits]
         if corpus.valid_split is not None:
             wanted.append((f"{key}.valid_split", corpus.source, corpus.valid_split))

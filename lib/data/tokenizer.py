@@ -38,14 +38,15 @@ SPM_TOO_LARGE = re.compile(r"too high \(\d+\)\. Please set it to a value <= (\d+
 
 
 class TrainingText:
-    """The training texts, cut off after `max_chars` characters; counts what was used.
+    """The training texts, cut off after `max_chars` characters, then every text of `uncapped`; counts
+    what was used.
 
     Iterable once. Keeps the error of a failing source, because sentencepiece re-raises it as its own
     RuntimeError, which would otherwise read as a vocabulary problem.
     """
 
-    def __init__(self, texts: Iterable[str], max_chars: int | None) -> None:
-        self.texts, self.max_chars = texts, max_chars
+    def __init__(self, texts: Iterable[str], max_chars: int | None, uncapped: Iterable[str] = ()) -> None:
+        self.texts, self.max_chars, self.uncapped = texts, max_chars, uncapped
         self.chars = self.docs = 0
         self.error: Exception | None = None
 
@@ -58,7 +59,11 @@ class TrainingText:
                 self.docs += 1
                 yield text
                 if self.max_chars is not None and self.chars >= self.max_chars:
-                    return
+                    break
+            for text in self.uncapped:
+                self.chars += len(text)
+                self.docs += 1
+                yield text
         except Exception as err:
             self.error = err
             raise
@@ -71,10 +76,12 @@ class TrainingText:
             raise UserError("tokenizer: the training text is empty; check that the cleaned corpus has documents")
 
 
-def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, out_dir: str | Path) -> Tokenizer:
-    """Train a `cfg.algorithm` tokenizer on the first `cfg.train_chars` characters of `texts`; save it
+def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, out_dir: str | Path,
+                    uncapped: Iterable[str] = ()) -> Tokenizer:
+    """Train a `cfg.algorithm` tokenizer on the first `cfg.train_chars` characters of `texts` and every
+    text of `uncapped` (XLM's parallel sentences: one vocabulary for every language); save it
     (atomically) to `out_dir` and return it."""
-    text = TrainingText(texts, cfg.train_chars)
+    text = TrainingText(texts, cfg.train_chars, uncapped)
     with atomic_dir(out_dir) as tmp:
         tokenizer = TRAINERS[cfg.algorithm](text, cfg, tmp)
         text.check()
