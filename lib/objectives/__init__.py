@@ -47,9 +47,9 @@ def check_objective(params: Params) -> None:
     if params.model.languages and params.mlm.sentence != "none":
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with model.languages (XLM) is not supported; "
                           "set mlm.sentence: none")
-    if objective.reads_pairs and not params.model.languages:
-        raise ParamsError(f"objective: {params.objective} trains on translation pairs in several languages; set "
-                          "corpora.parallel and list their languages in model.languages (docs/configuration.md)")
+    if objective.reads_pairs and not params.corpora.parallel:
+        raise ParamsError(f"objective: {params.objective} trains on translation pairs: set corpora.parallel (e.g. "
+                          "multi30k_en_de, params.yaml) and list its languages in model.languages")
     if params.finetune.aux_lm_weight > 0 and not objective.causal:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.causal)
         raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss needs a causal model "
