@@ -1,6 +1,7 @@
 """Parallel text for XLM (corpora.parallel): params checked at load, the data stage reading a pair source
 (local, and a hub layout mapped onto the mirror's), the clean stage cleaning pairs side by side, and the
-tokenizer stage's pair and monolingual token files with their languages."""
+tokenizer stage's pair and monolingual token files with their languages, and the pretrain stage training
+objective tlm on them."""
 import gzip
 import json
 import subprocess
@@ -274,3 +275,31 @@ def test_a_record_without_one_of_the_languages_is_one_line_and_leaves_no_output(
     assert done.returncode == 2 and not (tmp_path / "cs" / "clean").exists()
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: corpora.parallel.en_de.languages: cs is not a language of field 'translation' of ")
+
+
+def test_the_pretrain_stage_trains_tlm_on_the_pairs_and_the_windows_languages(chain, tmp_path):
+    """XLM end to end from the tokenizer's files: tlm reports both losses, and its FLOPs per token count
+    the pairs beside the windows (above mlm's on the same stream)."""
+    def small(objective):
+        def change(params):
+            params["objective"] = objective
+            params["model"].update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
+            params["pretrain"].update(seq_len=32, batch_size=4, budget_tokens=4 * 32 * 3, eval_every=3,
+                                      eval_batches=1, warmup_steps=1)
+            params["tlm"]["pair_batch"] = 4
+        return change
+
+    flops = {}
+    for objective in ("tlm", "mlm"):
+        folder = tmp_path / objective
+        params = changed_params(chain, folder, small(objective))
+        done = stage("pretrain", params, "--tokenizer", str(chain / "tokens" / "tokenizer"), "--tokens",
+                     str(chain / "tokens" / "pretrain"), "--parallel", str(chain / "tokens" / "parallel"), "--out",
+                     "model", "--metrics", "pretrain.json", "--plots", "plots", "--checkpoints", "checkpoints")
+        assert done.returncode == 0, done.stderr[-2000:]
+        metrics = json.loads((folder / "pretrain.json").read_text())
+        flops[objective] = metrics["flops_per_token"]
+        assert metrics["steps"] == 3 and metrics["objective"] == objective
+        assert ("val_tlm_accuracy" in metrics) == (objective == "tlm")
+        assert json.loads((folder / "model" / "config.json").read_text())["languages"] == ["en", "de", "fr"]
+    assert flops["tlm"] > flops["mlm"]
