@@ -17,26 +17,23 @@ from __future__ import annotations
 from torch import Tensor
 
 from lib.config.params import Params
-from lib.data.knowledge import knowledge_units
-from lib.models.transformer import Transformer, TransformerConfig
-from lib.objectives.base import Objective, register
+from lib.models.transformer import TransformerConfig
+from lib.objectives.base import register
 from lib.objectives.masking import mask_tokens
-from lib.objectives.mlm import masked_lm_loss
+from lib.objectives.mlm import MaskedLM, masked_lm_loss
 
 
 @register
-class TranslationLM(Objective):
+class TranslationLM(MaskedLM):
+    """`mlm` on the windows (with their languages), plus translation LM on the pairs after them."""
+
     name = "tlm"
-    causal = False
-    reads_languages = True
+    sentence_task = False
     reads_pairs = True
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
-        self.masking = params.mlm
-        self.units = knowledge_units(params.mlm.knowledge)
-        self.model = Transformer(self.arch)
         self.pair_tokens: float | None = None  # see read_pairs
         self.pair_tokens_per_token: float | None = None
 
@@ -49,25 +46,19 @@ class TranslationLM(Objective):
                 pair_starts: Tensor, pair_languages: Tensor, pair_positions: Tensor,
                 pair_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """The windows (B, T+1) with their languages, then a batch of pairs (lib/data/pairs.py)."""
-        masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
-        hidden = self.model(masked.inputs, language_ids=language_ids[:, :-1])
-        mlm_loss, accuracy, _ = masked_lm_loss(self.model, hidden, masked)
+        mlm_loss, metrics = super().forward(tokens, word_starts, language_ids)
         masked = mask_tokens(pair_tokens, pair_starts, self.special_ids, self.vocab_size, self.masking)
         hidden = self.model(masked.inputs, attention_mask=pair_mask, language_ids=pair_languages,
                             position_ids=pair_positions)
         tlm_loss, tlm_accuracy, _ = masked_lm_loss(self.model, hidden, masked)
         loss = mlm_loss + tlm_loss
-        return loss, {"loss": loss.detach(), "accuracy": accuracy, "mlm_loss": mlm_loss.detach(),
+        return loss, {"loss": loss.detach(), "accuracy": metrics["accuracy"], "mlm_loss": mlm_loss.detach(),
                       "tlm_loss": tlm_loss.detach(), "tlm_accuracy": tlm_accuracy}
-
-    def backbone(self) -> Transformer:
-        return self.model
 
     def flops_per_token(self, seq_len: int) -> float:
         """Per window token: its masked LM, plus the pair tokens it brings along, each at the cost of
         a masked LM over rows of the average pair's length."""
         if self.pair_tokens is None:
             raise RuntimeError("read_pairs() first: the cost of tlm depends on its pairs' lengths")
-        rate = self.masking.mask_rate
-        pairs = self.model.flops_per_token(round(self.pair_tokens), predicted=rate)
-        return self.model.flops_per_token(seq_len, predicted=rate) + self.pair_tokens_per_token * pairs
+        pairs = super().flops_per_token(round(self.pair_tokens))
+        return super().flops_per_token(seq_len) + self.pair_tokens_per_token * pairs
