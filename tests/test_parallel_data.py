@@ -227,9 +227,11 @@ def test_the_pretraining_tokens_gain_each_languages_sentences_tagged(chain):
     clean = [r["text"] for r in head(chain / "clean" / "pretrain" / "train.jsonl.gz", 10**6)]
     en_de = [tuple(r.values()) for r in head(chain / "clean" / "parallel" / "en_de" / "train.jsonl.gz", 100)]
     en_fr = [tuple(r.values()) for r in head(chain / "clean" / "parallel" / "en_fr" / "train.jsonl.gz", 100)]
-    # the English captions of en-de and en-fr are the same: each language's distinct sentences once
-    expected = [("en", t) for t in clean] + list(dict.fromkeys(
-        [s for en, de in en_de for s in (("en", en), ("de", de))] + [s for en, fr in en_fr for s in (("en", en), ("fr", fr))]))
+    # the English captions of en-de and en-fr are the same: each language's distinct sentences once, one
+    # language after another, so that no sentence sits beside its translation (mlm is tlm's control)
+    english = [en for en, _ in en_de] + [en for en, _ in en_fr]
+    expected = [("en", t) for t in clean] + [(language, t) for language, texts in (
+        ("en", english), ("de", [de for _, de in en_de]), ("fr", [fr for _, fr in en_fr])) for t in dict.fromkeys(texts)]
     assert len({en for en, _ in en_de} & {en for en, _ in en_fr}) > 20
     assert tokens.n_docs == len(expected)
     for i, (language, text) in enumerate(expected):

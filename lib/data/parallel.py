@@ -155,13 +155,17 @@ def pair_documents(clean_dir: Path, corpora: Corpora, split: str) -> Iterator[tu
 
 def monolingual(clean_dir: Path, corpora: Corpora, split: str) -> Iterator[tuple[str, str]]:
     """(language, text) of each distinct side of the parallel corpora: the sentences of each language as
-    monolingual text. Each once: Multi30k's English captions are the same in its en-de and en-fr corpora."""
-    seen: set[bytes] = set()
-    for language, text in pair_documents(clean_dir, corpora, split):
-        key = exact_key(f"{language}\t{text}")
-        if key not in seen:
-            seen.add(key)
-            yield language, text
+    monolingual text, one language after another. Grouped so, a window of masked LM never holds a sentence
+    beside its translation: that would be translation LM, and `mlm` on this stream is TLM's control.
+    Each sentence once: Multi30k's English captions are the same in its en-de and en-fr corpora."""
+    languages = dict.fromkeys(code for corpus in corpora.parallel.values() for code in corpus.languages)
+    for language in languages:
+        seen: set[bytes] = set()
+        for side, text in pair_documents(clean_dir, corpora, split):
+            key = exact_key(text)
+            if side == language and key not in seen:
+                seen.add(key)
+                yield language, text
 
 
 def documents(clean_dir: Path, corpora: Corpora, name: str, split: str) -> tuple[Iterable, int]:
