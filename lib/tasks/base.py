@@ -39,6 +39,7 @@ class TaskData:
     type: str = "classification"
     info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
     references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
+    language: str | None = None  # the language of its text (TaskConfig.language), which the model reads it as
 
     def size(self, split: str) -> int:
         """How many items `split` ("train", "dev", "eval") holds: rows, not model inputs (a question of
@@ -204,7 +205,8 @@ class TaskType:
             name=name, label_names=items.label_names, train=encoded["train"], dev=encoded["dev"],
             eval=encoded["eval"] or None, eval_split=items.eval_split, skipped=items.skipped,
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
-            type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval})
+            type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval},
+            language=cfg.language)
 
     def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
                     max_train: int | None) -> tuple[list, list]:

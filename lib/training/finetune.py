@@ -147,6 +147,7 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     if variant == "frozen":
         return run_probe(task, metrics, adapted, cfg, impl, device, seed, pad_id, on_epoch, context, label)
     plan = setup(variant, adapted, TYPES[task.type].n_outputs(task), cfg, TYPES[task.type])
+    plan.model.read_as(task.language)
     model = plan.model.to(device)
     trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, checkpoint_dir, fingerprint, metrics[0],
                           context, label)
@@ -170,6 +171,7 @@ def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: Fin
     kind = TYPES[task.type]
     probe = HeadConfig(kind.n_outputs(task), "tokens" if kind.per_token else "concat", block=False, dropout=0.0)
     model = Classifier(copy.deepcopy(adapted), probe).to(device)
+    model.read_as(task.language)
     trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
     train_loss = trainer.fit()
     dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
