@@ -338,7 +338,9 @@ HUB_IDS = {"conll2003": "hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb
            "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
            "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
            "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831",
-           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd"}
+           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd",
+           **{f"stsb_multi_{language}": f"hf:PhilipMay/stsb_multi_mt/{language}@93d57ef91790589e3ce9c365164337a8a78b7632"
+              for language in ("de", "fr", "ru")}}
 
 
 def iob2(tags: list[str]) -> list[str]:
@@ -394,6 +396,10 @@ def hub_versions(name: str, copy: dict[str, list[dict]]) -> dict[str, list[dict]
         return {s: [{"split": s, "genre": r["genre"], "dataset": r["filename"], "year": r["year"], "sid": f"{i:04d}",
                      "score": r["label"], "sentence1": r["sentence1"], "sentence2": r["sentence2"]}
                     for i, r in enumerate(rows)] for s, rows in copy.items()}
+    if name.startswith("stsb_multi_"):  # validation is the hub's dev
+        return {"dev" if s == "validation" else s: [{"sentence1": r["sentence1"], "sentence2": r["sentence2"],
+                                                     "similarity_score": r["label"]} for r in rows]
+                for s, rows in copy.items()}
     categories = ["Idioms", "Reference", "Polysemy", "Negation", "Quantitative", "Others"]  # the hub's ClassLabel
     letters = {"i": 0, "r": 1, "p": 2, "n": 3, "q": 4, "o": 5, "": -1}  # the TSV's letters, as the script maps them
     assert [c[0].lower() for c in categories] == list("irpnqo")

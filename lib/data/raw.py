@@ -167,6 +167,12 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     ("mteb/stsbenchmark-sts", None): Layout("stsb", ("idx", "genre", "filename", "year", "sentence1", "sentence2",
                                                      "label"), fields={"dataset": "filename", "score": "label"},
                                             numbered="idx"),
+    # hf:PhilipMay/stsb_multi_mt/<de|fr|ru>@93d57ef91790589e3ce9c365164337a8a78b7632 (mteb's pin; it may predate
+    # the hub's conversion to parquet, which `datasets` needs): the copies' DeepL translations of the STS
+    # Benchmark, one config per language, the score 0-5 as `similarity_score`, the copies' validation as `dev`
+    **{("PhilipMay/stsb_multi_mt", language): Layout(f"stsb_multi_{language}", ("sentence1", "sentence2", "label"),
+                                                     fields={"similarity_score": "label"}, splits={"dev": "validation"})
+       for language in ("de", "fr", "ru")},
     # hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd (main after its conversion to parquet;
     # pinned so by one project): the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
     ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
