@@ -460,6 +460,42 @@ def test_a_task_dataset_read_from_the_hub_gives_its_mirror_rows(name, tmp_path, 
     assert {s: head(tmp_path / "from-hub" / f"{s}.jsonl.gz", 10**6) for s in copy} == copy
 
 
+def test_xquad_is_read_from_the_hub_a_config_per_language(tmp_path, monkeypatch):
+    """XQuAD on the hub is a config per language with one split, validation, and no titles; the data stage
+    reads each config as the split of its language, and the rows are the mirror copy's without its titles."""
+    from lib.data.raw import Use, fetch
+    source = "hf:google/xquad@51adfef1c1287aab1d2d91b5bead9bcfb9c68583"
+    copy = {language: head(SHARED_DATA / "xquad" / f"{language}.jsonl.gz", 5) for language in ("en", "de", "ru")}
+    folder, configs = tmp_path / "hub" / "xquad", []
+    for language, rows in copy.items():
+        write_jsonl_gz(tmp_path / "mirror" / "xquad" / f"{language}.jsonl.gz", rows)
+        path = f"xquad.{language}/validation-00000-of-00001.parquet"
+        (folder / f"xquad.{language}").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "title"} for r in rows]), folder / path)
+        configs.append({"config_name": f"xquad.{language}", "data_files": [{"split": "validation", "path": path}]})
+    (folder / "README.md").write_text("---\n" + yaml.safe_dump({"configs": configs}) + "---\n")
+    load, split_names = datasets.load_dataset, datasets.get_dataset_split_names
+
+    def local(repo, config, revision):  # the hub's repo, else `datasets`' own builders (the mirror's json)
+        if repo != "google/xquad":
+            return repo, config
+        assert config in {f"xquad.{language}" for language in copy} and revision == source.partition("@")[2]
+        return str(folder), config
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda repo, config=None, revision=None, **kw:
+                        load(*local(repo, config, revision), **kw))
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda repo, config=None, revision=None:
+                        split_names(*local(repo, config, revision)))
+    use = Use(source, ["tasks.xquad_de"], None)
+    assert raw_name(source, "k") == "xquad"
+    for origin, out in ((f"hub {source}", "from-hub"), (f"mirror {tmp_path / 'mirror' / 'xquad'}", "from-mirror")):
+        (tmp_path / out).mkdir()
+        assert fetch(use, origin, tmp_path / out) == {language: 5 for language in copy}
+    assert files(tmp_path / "from-hub") == files(tmp_path / "from-mirror")
+    assert head(tmp_path / "from-hub" / "de.jsonl.gz", 5) == [{k: v for k, v in r.items() if k != "title"}
+                                                              for r in copy["de"]]
+
+
 def test_conll_tag_ids_are_read_in_the_order_the_dataset_card_shows():
     """The hub's own example (eriktks/conll2003's card, a training sentence) becomes the copy's row."""
     from lib.data.raw import conll_row
