@@ -75,11 +75,8 @@ def main() -> None:
             distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
                 f"{task.size('eval') if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
-            transferred = {t: load_transfer(t, local[t], name, task_cfg, tokenizer, special, cfg, adapted.cfg.causal)
-                           for t in transfers[name]}
-            for other in transferred.values():
-                distributed.say(context, f"{other.name}: zero-shot from {name}, {other.size('eval')} {other.eval_split} "
-                                         f"examples; skipped {other.skipped}; truncated {other.truncated['eval']}")
+            transferred = {t: load_transfer(t, local[t], name, task_cfg, tokenizer, special, cfg, adapted.cfg.causal,
+                                            context) for t in transfers[name]}
             results = []
             for variant in cfg.variants:
                 for seed in seeds:

@@ -103,7 +103,7 @@ def numbered(values: dict) -> dict[str, float]:
 
 
 def load_transfer(name: str, cfg: TaskConfig, source: str, source_cfg: TaskConfig, tokenizer, special: dict[str, int],
-                  ft: FinetuneConfig, causal: bool) -> TaskData:
+                  ft: FinetuneConfig, causal: bool, context: Context) -> TaskData:
     """Transfer task `name` as its source's runs are scored on it: the source's train and dev (what they
     learned and were calibrated on) and its own labeled evaluation split, finetune.max_eval_examples of it."""
     task = task_type(cfg).load(name, cfg, tokenizer, special, dev_fraction=ft.dev_fraction, dev_max=ft.dev_max,
@@ -112,6 +112,8 @@ def load_transfer(name: str, cfg: TaskConfig, source: str, source_cfg: TaskConfi
     if task.eval is None:
         raise UserError(f"tasks.{name}.eval_splits: '{task.eval_split}' has no labels, and a transfer task is only "
                         "scored; name a labeled split first")
+    distributed.say(context, f"{name}: zero-shot from {source}, {task.size('eval')} {task.eval_split} examples; "
+                             f"skipped {task.skipped}; truncated {task.truncated['eval']}")
     return task
 
 
@@ -157,6 +159,7 @@ def summarise_transfer(task: TaskData, source: str, metric_names: list[str], res
 
 
 def by_variant(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """The runs of each variant, variants in the order they ran."""
     return {variant: [r for r in results if r.variant == variant] for variant in dict.fromkeys(r.variant for r in results)}
 
 
