@@ -119,7 +119,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
     if zero_shot_note is not None:
         notes.append(zero_shot_note)
-    if not kind.served:
+    if not kind.served and not train_from:  # a transfer task has no models of its own to serve
         served = ", ".join(other.name for other in TYPES.values() if other.served)
         notes.append(f"ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are for "
                      f"{served} tasks so far: none of them was run for this {kind.name} task.")

@@ -113,8 +113,13 @@ def load_transfer(name: str, cfg: TaskConfig, source: str, source_cfg: TaskConfi
         raise UserError(f"tasks.{name}.eval_splits: '{task.eval_split}' has no labels, and a transfer task is only "
                         "scored; name a labeled split first")
     distributed.say(context, f"{name}: zero-shot from {source}, {task.size('eval')} {task.eval_split} examples; "
-                             f"skipped {task.skipped}; truncated {task.truncated['eval']}")
+                             f"skipped {eval_skipped(task)}; truncated {task.truncated['eval']}")
     return task
+
+
+def eval_skipped(task: TaskData) -> dict[str, int]:
+    """The evaluation split's skipped rows: a transfer task's train rows are its source's."""
+    return {k: v for k, v in task.skipped.items() if k.startswith("eval.")}
 
 
 def language_facts(name: str, cfg: TaskConfig, backbone: TransformerConfig, context: Context) -> dict[str, str | None]:
@@ -152,7 +157,7 @@ def summarise_transfer(task: TaskData, source: str, metric_names: list[str], res
     """A transfer task as summarise gives a task, from the zero-shot scores of its source's runs: per
     variant the evaluation split's metrics over seeds; no dev and no training of its own."""
     return {"metric": metric_names[0], "transfer_from": source, "eval_split": task.eval_split,
-            "eval_examples": task.size("eval"), "skipped": {k: v for k, v in task.skipped.items() if k.startswith("eval.")},
+            "eval_examples": task.size("eval"), "skipped": eval_skipped(task),
             "truncated": {"eval": task.truncated["eval"]},
             "variants": {variant: {"eval": {m: stats([r.transfer[task.name][m] for r in runs]) for m in metric_names}}
                          for variant, runs in by_variant(results).items()}}
