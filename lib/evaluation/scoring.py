@@ -23,8 +23,8 @@ def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: i
                 impl: ImplConfig, context: Context = Context(),
                 read: Callable[[torch.Tensor, list], list] | None = None) -> list:
     """The task type's prediction for each of `examples` (in their order), the model in eval mode and
-    reading them as text in the task's language (Classifier.read_as); `read`: what else to keep of a batch's outputs (on the CPU) for its examples (TextClassifier: the
-    class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
+    reading them as text in the task's language (Classifier.read_as); `read`: what else to keep of a
+    batch's outputs (on the CPU) for its examples (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
     (a sharded model's forward is a collective), and every rank gets all of them."""
     model.eval()
     model.read_as(task.language)

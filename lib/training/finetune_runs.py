@@ -31,7 +31,8 @@ BEST = "best"  # the folder, under a task's, of its best model so far
 
 def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_names: list[str], adapted: Transformer,
                   params: Params, device: torch.device, pad_id: int, checkpoints: Path, tokenizer_dir: Path,
-                  run_id: str, run: StageRun, context: Context, transfers: dict[str, TaskData] | None = None) -> RunResult:
+                  run_id: str, run: StageRun, context: Context,
+                  transfers: dict[str, TaskData] | None = None) -> RunResult:
     """One task x variant x seed: the result kept in `checkpoints` if this configuration (`run_id`) has it,
     else trained now, as a child of `run`, and scored zero-shot on the tasks of `transfers` (those that
     transfer from it; RunResult.transfer). The task's best model so far (by dev score) is kept there too,
@@ -64,7 +65,8 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
         raise
     child.log_metrics({**{f"final_dev_{k}": v for k, v in result.dev.items()},
                        **{f"eval_{k}": v for k, v in (result.eval or {}).items()}, **numbered(result.learned),
-                       **{f"{other}.eval_{k}": v for other, scores in result.transfer.items() for k, v in scores.items()}})
+                       **{f"{other}.eval_{k}": v for other, scores in result.transfer.items()
+                          for k, v in scores.items()}})
     child.log_summary({"best_epoch": result.best_epoch, "seconds": result.seconds})
     child.finish("FINISHED")
     distributed.say(context, f"finetune: {run_name(name, variant, seed)}: best epoch {result.best_epoch}, dev {result.dev}, "
@@ -165,7 +167,8 @@ def summarise_transfer(task: TaskData, source: str, metric_names: list[str], res
 
 def by_variant(results: list[RunResult]) -> dict[str, list[RunResult]]:
     """The runs of each variant, variants in the order they ran."""
-    return {variant: [r for r in results if r.variant == variant] for variant in dict.fromkeys(r.variant for r in results)}
+    variants = dict.fromkeys(r.variant for r in results)
+    return {variant: [r for r in results if r.variant == variant] for variant in variants}
 
 
 def dev_curves(results: list[RunResult], variants: list[str]) -> list[list]:
