@@ -9,6 +9,9 @@ task type:
   that is where finetune evaluates them);
 - the type's train-only baseline (TF-IDF + logistic regression for classification) trained on the
   same train examples and on the whole train split;
+- a transfer task (tasks.<name>.transfer_from): its source's variants, which finetune scored on it
+  zero-shot, and the baseline trained on its source's train split; the report sets them beside the
+  source's scores in a table per source task, a column per language;
 - for a type lib/serving serves (classification): the student's int8 ONNX graph, and zero-shot
   prompting of the adapted LM where evaluate.zero_shot has a prompt and the LM is causal.
 It times teacher and student (size, CPU latency, throughput at a batch; in ONNX Runtime too where
@@ -61,11 +64,14 @@ def main() -> None:
         special = saved_special_ids(args.lm)
         local = localize(params, args.raw)
         for name in params.finetune.tasks:  # the tasks with models to score; other entries of `tasks` wait their turn
-            task_cfg = local.tasks[name]
-            models = {role: folder / name for role, folder in (("teacher", args.teachers), ("student", args.students))
-                      if (folder / name).is_dir()}
+            task_cfg, source = local.tasks[name], local.tasks[name].transfer_from
+            # a transfer task's models are its source's, whose variants finetune scored on it
+            models = {} if source else {role: folder / name for role, folder in (("teacher", args.teachers),
+                                                                                  ("student", args.students))
+                                        if (folder / name).is_dir()}
             results[name] = evaluate_task(name, task_cfg, models, finetuned.get(name), distilled.get(name), lm,
-                                          lm_tokenizer, special, params)
+                                          lm_tokenizer, special, params,
+                                          train_from=(source, local.tasks[source]) if source else None)
         provenance = {**describe_provenance(args.params, params, run, runtime_facts),
                       "started from": starting_point(lm_metrics)}
         write_outputs(results, warnings, provenance, args, run)

@@ -5,7 +5,9 @@ For every task in finetune.tasks it loads the labeled data as its type reads it 
 - --out/<task>/: the model with the best dev score of all its runs (lib/models/classifier.py format, with
   the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed (elmo also
-  its learned layer weights and gamma, per seed);
+  its learned layer weights and gamma, per seed); a transfer task (tasks.<name>.transfer_from) trains
+  nothing: every run of its source task is scored on its evaluation split, zero-shot, and it is reported
+  the same way;
 - --plots/<task>.csv: the dev metric per epoch of each variant (mean over seeds);
 - an MLflow child run per task x variant x seed under this stage's run.
 A finished run is kept in --checkpoints (lib/training/finetune_runs.py), so a killed stage started again
@@ -26,7 +28,8 @@ from lib.tasks import check_tasks, task_metrics, task_type
 from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name
-from lib.training.finetune_runs import BEST, dev_curves, finetune_once, summarise
+from lib.training.finetune_runs import (BEST, dev_curves, finetune_once, language_facts, load_transfer, summarise,
+                                       summarise_transfer)
 
 
 def main() -> None:
@@ -39,7 +42,8 @@ def main() -> None:
         return
     cfg = params.finetune
     local = localize(params, args.raw).tasks
-    tasks = {name: local[name] for name in cfg.tasks}
+    tasks = {name: local[name] for name in cfg.tasks if local[name].transfer_from is None}
+    transfers = {name: [t for t in cfg.tasks if local[t].transfer_from == name] for name in tasks}
 
     device = runtime.resolve_device(params.device)
     context = distributed.setup(device.type)
@@ -60,6 +64,8 @@ def main() -> None:
     times = RunTimes()  # a run's time depends on its task and variant far more than on its seed
     runs = Progress("finetune", len(kinds), "runs", estimate=lambda: times.eta_s(kinds[runs.done:]),
                     out=lambda line: distributed.say(context, line))
+    # which language embedding each task's text reads, said once
+    languages = {name: language_facts(name, local[name], adapted.cfg, context) for name in cfg.tasks}
     with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
@@ -69,6 +75,8 @@ def main() -> None:
             distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
                 f"{task.size('eval') if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
+            transferred = {t: load_transfer(t, local[t], name, task_cfg, tokenizer, special, cfg, adapted.cfg.causal,
+                                            context) for t in transfers[name]}
             results = []
             for variant in cfg.variants:
                 for seed in seeds:
@@ -76,7 +84,7 @@ def main() -> None:
                                              f"(run {runs.done + 1} of {len(kinds)})")
                     results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), adapted, params,
                                                  device, special["pad"], args.checkpoints, args.model, run_id, run,
-                                                 context))
+                                                 context, transferred))
                     times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
                     runs.update(runs.done + 1)
                     known, untimed = times.left(kinds[runs.done:])
@@ -85,6 +93,11 @@ def main() -> None:
                                                        "not timed yet)" if untimed else ""))
             metrics[name] = summarise(task, task_metrics(task_cfg), results)
             curves[name] = results
+            if context.main:  # rank 0 alone scored the transfer tasks
+                metrics.update({t: summarise_transfer(other, name, task_metrics(task_cfg), results)
+                                for t, other in transferred.items()})
+        for name, facts in languages.items():
+            metrics.get(name, {}).update(facts)
         distributed.barrier(context)  # every rank is past reading the kept runs
         if context.main:
             write_outputs(metrics, curves, cfg.variants, args, run)
@@ -93,7 +106,7 @@ def main() -> None:
 
 def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: list[str], args, run) -> None:
     with atomic_dir(args.out) as tmp:
-        for name in metrics:
+        for name in curves:  # the tasks that trained; a transfer task's models are its source's
             shutil.copytree(args.checkpoints / name / BEST, tmp / name)
             load_classifier(tmp / name)  # what later stages load must load
     write_json(args.metrics, metrics)

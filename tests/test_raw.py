@@ -338,7 +338,9 @@ HUB_IDS = {"conll2003": "hf:eriktks/conll2003@ce85b39f9dd99f552d0739d456814e95fb
            "squad": "hf:rajpurkar/squad@7b6d24c440a36b6815f21b70d25016731768db1f",
            "squad_v2": "hf:rajpurkar/squad_v2@3ffb306f725f7d2ce8394bc1873b24868140c412",
            "stsb": "hf:mteb/stsbenchmark-sts@b0fddb56ed78048fa8b90373c8a3cfc37b684831",
-           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd"}
+           "codah": "hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd",
+           **{f"stsb_multi_{language}": f"hf:PhilipMay/stsb_multi_mt/{language}@93d57ef91790589e3ce9c365164337a8a78b7632"
+              for language in ("de", "fr", "ru")}}
 
 
 def iob2(tags: list[str]) -> list[str]:
@@ -394,6 +396,10 @@ def hub_versions(name: str, copy: dict[str, list[dict]]) -> dict[str, list[dict]
         return {s: [{"split": s, "genre": r["genre"], "dataset": r["filename"], "year": r["year"], "sid": f"{i:04d}",
                      "score": r["label"], "sentence1": r["sentence1"], "sentence2": r["sentence2"]}
                     for i, r in enumerate(rows)] for s, rows in copy.items()}
+    if name.startswith("stsb_multi_"):  # validation is the hub's dev
+        return {"dev" if s == "validation" else s: [{"sentence1": r["sentence1"], "sentence2": r["sentence2"],
+                                                     "similarity_score": r["label"]} for r in rows]
+                for s, rows in copy.items()}
     categories = ["Idioms", "Reference", "Polysemy", "Negation", "Quantitative", "Others"]  # the hub's ClassLabel
     letters = {"i": 0, "r": 1, "p": 2, "n": 3, "q": 4, "o": 5, "": -1}  # the TSV's letters, as the script maps them
     assert [c[0].lower() for c in categories] == list("irpnqo")
@@ -452,6 +458,42 @@ def test_a_task_dataset_read_from_the_hub_gives_its_mirror_rows(name, tmp_path, 
         assert fetch(use, origin, tmp_path / out) == {s: len(rows) for s, rows in copy.items()}
     assert files(tmp_path / "from-hub") == files(tmp_path / "from-mirror")
     assert {s: head(tmp_path / "from-hub" / f"{s}.jsonl.gz", 10**6) for s in copy} == copy
+
+
+def test_xquad_is_read_from_the_hub_a_config_per_language(tmp_path, monkeypatch):
+    """XQuAD on the hub is a config per language with one split, validation, and no titles; the data stage
+    reads each config as the split of its language, and the rows are the mirror copy's without its titles."""
+    from lib.data.raw import Use, fetch
+    source = "hf:google/xquad@51adfef1c1287aab1d2d91b5bead9bcfb9c68583"
+    copy = {language: head(SHARED_DATA / "xquad" / f"{language}.jsonl.gz", 5) for language in ("en", "de", "ru")}
+    folder, configs = tmp_path / "hub" / "xquad", []
+    for language, rows in copy.items():
+        write_jsonl_gz(tmp_path / "mirror" / "xquad" / f"{language}.jsonl.gz", rows)
+        path = f"xquad.{language}/validation-00000-of-00001.parquet"
+        (folder / f"xquad.{language}").mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "title"} for r in rows]), folder / path)
+        configs.append({"config_name": f"xquad.{language}", "data_files": [{"split": "validation", "path": path}]})
+    (folder / "README.md").write_text("---\n" + yaml.safe_dump({"configs": configs}) + "---\n")
+    load, split_names = datasets.load_dataset, datasets.get_dataset_split_names
+
+    def local(repo, config, revision):  # the hub's repo, else `datasets`' own builders (the mirror's json)
+        if repo != "google/xquad":
+            return repo, config
+        assert config in {f"xquad.{language}" for language in copy} and revision == source.partition("@")[2]
+        return str(folder), config
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda repo, config=None, revision=None, **kw:
+                        load(*local(repo, config, revision), **kw))
+    monkeypatch.setattr(datasets, "get_dataset_split_names", lambda repo, config=None, revision=None:
+                        split_names(*local(repo, config, revision)))
+    use = Use(source, ["tasks.xquad_de"], None)
+    assert raw_name(source, "k") == "xquad"
+    for origin, out in ((f"hub {source}", "from-hub"), (f"mirror {tmp_path / 'mirror' / 'xquad'}", "from-mirror")):
+        (tmp_path / out).mkdir()
+        assert fetch(use, origin, tmp_path / out) == {language: 5 for language in copy}
+    assert files(tmp_path / "from-hub") == files(tmp_path / "from-mirror")
+    assert head(tmp_path / "from-hub" / "de.jsonl.gz", 5) == [{k: v for k, v in r.items() if k != "title"}
+                                                              for r in copy["de"]]
 
 
 def test_conll_tag_ids_are_read_in_the_order_the_dataset_card_shows():

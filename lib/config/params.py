@@ -147,12 +147,20 @@ class TaskConfig:
     max_answer_len: int = 30  # span_qa: the longest answer, in tokens, decoding may pick
     data_label: str | None = None  # what the data is, beside the task's name wherever its scores are shown
     data_note: str | None = None  # a sentence on the data, printed with the task's scores in the report
+    # the language of the task's text: with model.languages its tokens read that language's embedding;
+    # null = the model's first language
+    language: str | None = None
+    # zero-shot transfer: the name of another task in `tasks` whose finetuned models (every variant and
+    # seed) finetune scores on this task's eval_splits; this task trains nothing and needs no train split
+    transfer_from: str | None = None
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
         if not self.eval_splits:
             raise ParamsError(f"{key}.eval_splits: empty; name the split to evaluate on, e.g. [validation]")
-        if self.train_split in self.eval_splits:
+        if self.language is not None and not self.language.strip():
+            raise ParamsError(f"{key}.language: empty; name a language code (e.g. de) or null")
+        if self.transfer_from is None and self.train_split in self.eval_splits:
             raise ParamsError(f"{key}.train_split: '{self.train_split}' is also in {key}.eval_splits")
         if self.max_len < 8:
             raise ParamsError(f"{key}.max_len: {self.max_len} must be >= 8 (special tokens + some text)")
@@ -677,6 +685,30 @@ class Params:
                     raise ParamsError(f"{key}: {code} is not in model.languages [{', '.join(self.model.languages)}]; "
                                       "add it")
 
+    def check_transfer(self) -> None:
+        """Each transfer task's source (tasks.<name>.transfer_from): a task that trains, finetuned whenever
+        the transfer task is; the transfer task takes its metrics and label names where it names none. The
+        task types' own checks (lib.tasks.check_tasks) compare the two tasks' types and label names."""
+        for name, task in self.tasks.items():
+            source, key = task.transfer_from, f"tasks.{name}.transfer_from"
+            if source is None:
+                continue
+            if source not in self.tasks:
+                raise self.unknown_task(key, source)
+            if source == name or self.tasks[source].transfer_from is not None:
+                raise ParamsError(f"{key}: '{source}' is {'this task' if source == name else 'a transfer task'} "
+                                  "itself; name the task whose finetuned models this one is scored with")
+            # reported in its source's metrics, of its source's classes: the stages and the tracked params see them
+            for shared in ("metrics", "label_names"):
+                if getattr(task, shared) is None:
+                    setattr(task, shared, getattr(self.tasks[source], shared))
+            if task.metrics != self.tasks[source].metrics:
+                raise ParamsError(f"tasks.{name}.metrics: {task.metrics}, but a transfer task is reported in the "
+                                  f"metrics of tasks.{source} ({self.tasks[source].metrics}); remove the key")
+            if name in self.finetune.tasks and source not in self.finetune.tasks:
+                raise ParamsError(f"finetune.tasks: has '{name}' but not '{source}', whose models it is scored "
+                                  f"with ({key}); add '{source}'")
+
     def validate(self, key: str) -> None:
         if self.init is not None and not self.init.removeprefix(HUB_PREFIX).partition("@")[0].strip("/ "):
             raise ParamsError(f"init: '{self.init}' names no checkpoint; write a folder, hf:<org>/<name>[@revision] "
@@ -704,12 +736,16 @@ class Params:
             for task in per if isinstance(per, dict) else {}:
                 if task not in self.tasks:
                     raise self.unknown_task(f"{key}.{task}", task)
+        self.check_transfer()
         if self.distill.tasks is None:  # the stages and the tracked params see the list it stands for
-            self.distill.tasks = list(self.finetune.tasks)
+            self.distill.tasks = [task for task in self.finetune.tasks if self.tasks[task].transfer_from is None]
         for i, task in enumerate(self.distill.tasks):
             if task not in self.finetune.tasks:
                 raise ParamsError(f"distill.tasks[{i}]: '{task}' is not in finetune.tasks ({self.finetune.tasks}); "
                                   "a student needs its task's finetuned teacher")
+            if self.tasks[task].transfer_from is not None:
+                raise ParamsError(f"distill.tasks[{i}]: '{task}' is a transfer task (tasks.{task}.transfer_from: "
+                                  f"{self.tasks[task].transfer_from}), which has no teacher of its own; remove it")
         for task, prompt in self.evaluate.zero_shot.items():
             if task not in self.tasks:
                 raise ParamsError(f"evaluate.zero_shot.{task}: '{task}' is not a task in `tasks`")

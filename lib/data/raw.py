@@ -124,6 +124,9 @@ class Layout:
     convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # a hub row's values as the copy has them
     numbered: str | None = None  # a column the hub lacks: the row's place in its split, from 0
     order: Callable[[dict[str, Any]], Any] | None = None  # sort key of the rows of each dealt split (stable)
+    # hub config -> our split, for a dataset the hub publishes as a config per part (XQuAD: per language) and
+    # the copy as a split per part; its source names no config, and each config's rows (every split) are read
+    configs: dict[str, str] = field(default_factory=dict)
 
     def hub_row(self, row: dict[str, Any]) -> dict[str, Any]:
         renamed = {self.fields.get(k, k): v for k, v in row.items()}
@@ -174,6 +177,17 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     ("mteb/stsbenchmark-sts", None): Layout("stsb", ("idx", "genre", "filename", "year", "sentence1", "sentence2",
                                                      "label"), fields={"dataset": "filename", "score": "label"},
                                             numbered="idx"),
+    # hf:PhilipMay/stsb_multi_mt/<de|fr|ru>@93d57ef91790589e3ce9c365164337a8a78b7632 (mteb's pin; it may predate
+    # the hub's conversion to parquet, which `datasets` needs): the copies' DeepL translations of the STS
+    # Benchmark, one config per language, the score 0-5 as `similarity_score`, the copies' validation as `dev`
+    **{("PhilipMay/stsb_multi_mt", language): Layout(f"stsb_multi_{language}", ("sentence1", "sentence2", "label"),
+                                                     fields={"similarity_score": "label"}, splits={"dev": "validation"})
+       for language in ("de", "fr", "ru")},
+    # hf:google/xquad@51adfef1c1287aab1d2d91b5bead9bcfb9c68583 ("Convert dataset to Parquet", the commit mteb
+    # pins): a config per language with one split, validation; the copy's English, German and Russian
+    # are read, each config as the split of its language, without the copy's `title` (the hub has none)
+    ("google/xquad", None): Layout("xquad", ("id", "context", "question", "answers"),
+                                   configs={f"xquad.{language}": language for language in ("en", "de", "ru")}),
     # hf:jaredfern/codah/fold_0@4b0e0e7f33b3ae8cd8e69bcdfa09af9611d8f3bd (main after its conversion to parquet;
     # pinned so by one project): the authors' cross-validation fold 0 (data/cv_split/fold_0), as the copy
     ("jaredfern/codah", "fold_0"): Layout("codah", ("idx", "categories", "startphrase", "endings", "label"),
@@ -317,7 +331,8 @@ def check_splits(params: Params, splits: dict[str, Iterable[str] | None]) -> Non
         if corpus.valid_split is not None:
             wanted.append((f"{key}.valid_split", corpus.source, corpus.valid_split))
     for name, task in params.tasks.items():
-        wanted.append((f"tasks.{name}.train_split", task.source, task.train_split))
+        if task.transfer_from is None:  # a transfer task reads no train split of its own
+            wanted.append((f"tasks.{name}.train_split", task.source, task.train_split))
         wanted += [(f"tasks.{name}.eval_splits", task.source, split) for split in task.eval_splits]
     for key, source, split in wanted:
         have = splits.get(raw_name(source, key))
@@ -413,19 +428,30 @@ def origin_of(use: Use, name: str, mirror: Path | None) -> str:
     if offline and not Path(parse_hub(use.source, f"{use.keys[0]}.source").repo).is_dir():
         raise UserError(f"{use.keys[0]}.source: '{use.source}' has no copy in the mirror and the hub is offline "
                         f"({'/'.join(OFFLINE_VARIABLES)} is set); {_fill(copy)}, or connect and run again")
-    hub_splits(use, copy)  # the hub answers for this id and revision, before anything is read
+    layout = layout_of(use.source, f"{use.keys[0]}.source")
+    for source in config_sources(use, layout) or [use.source]:  # the hub answers for it, before anything is read
+        hub_splits(use, copy, source)
     return f"hub {use.source}"
 
 
-def hub_splits(use: Use, copy: Path | None = None) -> list[str]:
-    """The splits the hub publishes for `use.source`; one UserError line if it cannot say (no network,
-    an unknown id or revision, a gated dataset), naming the mirror folder that would do instead."""
+def config_sources(use: Use, layout: Layout | None) -> dict[str, str]:
+    """Our split -> the hub id of the config it is read from, where the layout reads a config per split."""
+    if layout is None or not layout.configs:
+        return {}
+    hub = parse_hub(use.source, f"{use.keys[0]}.source")
+    return {ours: str(replace(hub, config=config)) for config, ours in layout.configs.items()}
+
+
+def hub_splits(use: Use, copy: Path | None = None, source: str | None = None) -> list[str]:
+    """The splits the hub publishes for `use.source` (or `source`, one of its configs); one UserError line
+    if it cannot say (no network, an unknown id or revision, a gated dataset), naming the mirror folder
+    that would do instead."""
     from huggingface_hub.utils import logging as hub_logging
 
     # its warning per retry (five when there is no network) would bury the one line that says what to do
     hub_logging.set_verbosity_error()
     try:
-        return list_splits(use.source, f"{use.keys[0]}.source")
+        return list_splits(source or use.source, f"{use.keys[0]}.source")
     except UserError as err:
         raise UserError(f"{err}; check the id and revision, or {_fill(copy)}") from None
 
@@ -476,6 +502,9 @@ def copy_local(use: Use, out: Path) -> dict[str, int]:
 
 def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[dict]]:
     """Our split -> the hub's rows for it, read lazily (streaming, at most use.max_rows per hub split)."""
+    configs = config_sources(use, layout)
+    if configs:
+        return {ours: map(layout.hub_row, _every_split(use, source, key)) for ours, source in configs.items()}
     splits = [s for s in hub_splits(use) if layout is None or layout.read is None or s in layout.read]
     parts = {split: read_records(use.source, split, key, use.max_rows) for split in splits}
     if layout is None:
@@ -485,6 +514,12 @@ def hub_rows(use: Use, layout: Layout | None, key: str) -> dict[str, Iterator[di
     else:
         ours = {layout.splits.get(split, split): map(layout.hub_row, records) for split, records in parts.items()}
     return {split: layout.numbered_rows(rows) for split, rows in ours.items()}
+
+
+def _every_split(use: Use, source: str, key: str) -> Iterator[dict]:
+    """The rows of every split of hub id `source`, split by split."""
+    for split in hub_splits(use, source=source):
+        yield from read_records(source, split, key, use.max_rows)
 
 
 def _dealt(layout: Layout, parts: Iterable[Iterator[dict]]) -> dict[str, Iterator[dict]]:

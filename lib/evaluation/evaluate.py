@@ -40,11 +40,13 @@ INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX R
 
 
 def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
-                  distilled: dict | None, lm: Transformer, tokenizer, special: dict[str, int], params: Params) -> dict:
+                  distilled: dict | None, lm: Transformer, tokenizer, special: dict[str, int], params: Params,
+                  train_from: tuple[str, TaskConfig] | None = None) -> dict:
     """evaluate's result for a task (splits -> scores -> model -> metric, efficiency, teacher, notes), with
     `confusion`, `scatter` and `per_type` for the report's figures. `models`: role -> folder of the
     teacher and student that exist; `lm`, `tokenizer`, `special`: the adapted LM and its tokenizer, which
-    every task model shares."""
+    every task model shares. A transfer task's train (its baseline's) is its source's, `train_from`
+    (name, config), as lib.tasks.base.TaskType.select takes it."""
     kind, ft, cfg = task_type(task_cfg), params.finetune, params.evaluate
     metrics = task_metrics(task_cfg)
     device = runtime.resolve_device(params.device)
@@ -52,14 +54,17 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
     onnx = onnx_classifiers(models) if kind.served else {}
     result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
-                              "confusion": {}}
+                              "confusion": {}, "language": task_cfg.language}
+    if train_from:
+        result["transfer_from"] = train_from[0]
     if "teacher" in loaded:
         result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
     if task_cfg.data_label or task_cfg.data_note:
         result["data"] = {"label": task_cfg.data_label, "note": task_cfg.data_note}
     # teacher and student are of one family: the examples are encoded for it (tagging's causal layout)
     causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
-    selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max)
+    selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, train_from=train_from)
+    trained_on = train_from[0] if train_from else name  # whose train the models and baselines learned from
     # the baselines also learn from all of train but dev; finetune's train is each split's task's
     full_train = kind.select(name, task_cfg, **selection).train
     scored_models = {**{role: model for role, (model, _) in loaded.items()},
@@ -69,7 +74,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     unlabeled, zero_shot_note = [], None
     for split in task_cfg.eval_splits:
         split_cfg = replace(task_cfg, eval_splits=[split, *(s for s in task_cfg.eval_splits if s != split)])
-        task = kind.load(name, split_cfg, tokenizer, special, max_train=ft.train_limit(name),
+        task = kind.load(name, split_cfg, tokenizer, special, max_train=ft.train_limit(trained_on),
                          max_eval=ft.eval_limit(name), causal=causal, **selection)
         if task.eval is None:
             unlabeled.append(split)
@@ -114,7 +119,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
     if zero_shot_note is not None:
         notes.append(zero_shot_note)
-    if not kind.served:
+    if not kind.served and not train_from:  # a transfer task has no models of its own to serve
         served = ", ".join(other.name for other in TYPES.values() if other.served)
         notes.append(f"ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are for "
                      f"{served} tasks so far: none of them was run for this {kind.name} task.")

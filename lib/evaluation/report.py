@@ -194,8 +194,44 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
         if r.get("retained") is not None:
             lines += [f"The student keeps **{100 * r['retained']:.1f}%** of the teacher's {metric} and is "
                       f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
+    lines += transfer_tables(results)
     lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
     return "\n".join(lines)
+
+
+def transfer_tables(results: dict[str, Any]) -> list[str]:
+    """Zero-shot cross-lingual transfer: per task that others transfer from (tasks.<name>.transfer_from),
+    one table, a row per model scored on them (the finetune variants, the baselines), a column per
+    task and its language, the source first; each transfer cell with its difference from the source's
+    score (first split, first metric of each)."""
+    sources = dict.fromkeys(r["transfer_from"] for r in results.values() if r.get("transfer_from") in results)
+    if not sources:
+        return []
+    lines = ["## Zero-shot cross-lingual transfer", "",
+             "Each model was trained on the task of the first column only and scored on the others as they are, "
+             "without any training in their language. In brackets: the difference from the first column, in "
+             "points. The baselines learn from the first column's train set too: only what the languages share "
+             "word for word (names, numbers, cognates) carries over to theirs.", ""]
+    for source in sources:
+        columns = [source, *(name for name, r in results.items() if r.get("transfer_from") == source)]
+        firsts = {name: _first_split_scores(results[name]) for name in columns}
+        metric = results[source]["metric"]
+        rows = list(dict.fromkeys(m for name in columns[1:] for m in firsts[name]))
+        first_transfer = results[columns[1]]["splits"][next(iter(results[columns[1]]["splits"]))]
+        heads = [f"{name} ({results[name]['language']})" if results[name].get("language") else name for name in columns]
+        splits = ", ".join(f"{name} {next(iter(results[name]['splits']))}" for name in columns)
+        lines += [f"### From {source}: {metric}", "", f"Splits: {splits}.", "",
+                  "| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(columns)]
+        for model in rows:
+            base = firsts[source].get(model, {}).get(metric)
+            cells = [fmt(firsts[source].get(model), metric)]
+            for name in columns[1:]:
+                score = firsts[name].get(model, {}).get(metric)
+                drop = f" ({100 * (score - base):+.1f})" if score is not None and base is not None else ""
+                cells.append(fmt(firsts[name].get(model), metric) + drop)
+            lines.append(f"| {row_label(model, first_transfer)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def pretraining_gain(r: dict[str, Any]) -> list[str]:

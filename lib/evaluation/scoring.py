@@ -22,11 +22,12 @@ from lib.training.distributed import Context
 def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
                 impl: ImplConfig, context: Context = Context(),
                 read: Callable[[torch.Tensor, list], list] | None = None) -> list:
-    """The task type's prediction for each of `examples` (in their order), the model in eval mode;
-    `read`: what else to keep of a batch's outputs (on the CPU) for its examples (TextClassifier: the
-    class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
+    """The task type's prediction for each of `examples` (in their order), the model in eval mode and
+    reading them as text in the task's language (Classifier.read_as); `read`: what else to keep of a
+    batch's outputs (on the CPU) for its examples (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
     (a sharded model's forward is a collective), and every rank gets all of them."""
     model.eval()
+    model.read_as(task.language)
     kind = TYPES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
     read = read or (lambda outputs, part: kind.predict(outputs, part, task))

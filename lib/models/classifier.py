@@ -107,13 +107,28 @@ class ScalarMix(nn.Module):
         return {"layer_weights": self.scalars.softmax(0).tolist(), "gamma": self.gamma.item()}
 
 
+def language_row(cfg: TransformerConfig, language: str | None) -> tuple[int | None, str | None]:
+    """(the row of the backbone's language embeddings (XLM's) that text in `language` reads, a note where
+    that is not its own): its language's row, the first language's where `language` is null or not
+    among cfg.languages (the note then says so). (None, None) for a backbone without languages."""
+    if not cfg.languages:
+        return None, None
+    if language is None or language in cfg.languages:
+        return cfg.languages.index(language) if language else 0, None
+    return 0, (f"language_embedding: {cfg.languages[0]} (the text is {language}, which is not in model.languages "
+               f"{cfg.languages}: its tokens read the first language's embedding)")
+
+
 class Classifier(nn.Module):
     """`backbone` + the head `head` describes. A tanh pooler starts from the backbone's pretrained one
-    (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler)."""
+    (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler).
+    `language`: the row of the backbone's language embeddings every input token reads (language_row;
+    None: the backbone's default, its first language), set for the task a model trains on or is scored on."""
 
     def __init__(self, backbone: Transformer, head: HeadConfig):
         super().__init__()
         self.backbone, self.head_cfg = backbone, head
+        self.language: int | None = None
         d = backbone.cfg.d_model * (3 if head.features == "concat" else 1)
         if head.block:
             self.head = nn.Sequential(nn.LayerNorm(d), nn.Dropout(head.dropout), nn.Linear(d, head.hidden), nn.ReLU(),
@@ -134,11 +149,20 @@ class Classifier(nn.Module):
         """(B, T, d_model) final hidden states, or with a scalar mix the mix of every layer's; with
         output_hidden_states also every layer's (see Transformer)."""
         segments = segment_ids if self.backbone.cfg.segment_vocab else None
+        languages = None if self.language is None else torch.full_like(input_ids, self.language)
         if self.mix is None:
-            return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states)
-        _, states = self.backbone(input_ids, segments, attention_mask, output_hidden_states=True)
+            return self.backbone(input_ids, segments, attention_mask, output_hidden_states=output_hidden_states,
+                                 language_ids=languages)
+        _, states = self.backbone(input_ids, segments, attention_mask, output_hidden_states=True,
+                                  language_ids=languages)
         mixed = self.mix(states)
         return (mixed, states) if output_hidden_states else mixed
+
+    def read_as(self, language: str | None) -> str | None:
+        """Read every input as text in `language` (language_row); returns the note where its tokens read
+        another language's embedding."""
+        self.language, note = language_row(self.backbone.cfg, language)
+        return note
 
     def token_state(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, d) the state that sums up a sequence: [CLS]'s, or for a causal model the last real token's,
@@ -345,4 +369,5 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         tensors = {ours: theirs[t] for ours, t in names.items()}
         tensors.update(output_layer(tensors, str(len(model.head) - 1), kind, info.get("info", {}), inverse=True))
         model.head.load_state_dict(tensors)
+    model.read_as(info.get("language"))
     return model.to(device).eval(), info

@@ -201,9 +201,15 @@ class OnnxForward:
         self.session, self.vocab_size = session, vocab_size
         self.threads = session.get_session_options().intra_op_num_threads
 
+    language = None  # as a Classifier's: the graph reads its inputs as the language it was exported with
+
     def eval(self) -> OnnxForward:
         """As a module's: a session has no training mode."""
         return self
+
+    def read_as(self, language: str | None) -> None:
+        """As a Classifier's, but the graph keeps the language its classifier read when it was traced (the
+        one in classifier.json): ONNX Runtime scores a model on its own task only."""
 
     def __call__(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,
                  output_hidden_states: bool = False) -> tuple[torch.Tensor, None]:

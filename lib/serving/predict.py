@@ -71,7 +71,8 @@ class TextClassifier:
         self.model, self.tokenizer, self.label_names = model, tokenizer, label_names
         self.encoding, self.special, self.device, self.precision = encoding, special, device, precision
         # the task as the saved model knows it: what lib.evaluation.scoring reads to batch and run it
-        self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=TYPE.name)
+        self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=TYPE.name,
+                             language=None if model.language is None else model.backbone.cfg.languages[model.language])
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", precision: str = "auto") -> TextClassifier:

@@ -52,11 +52,28 @@ def check_task(cfg: TaskConfig, key: str) -> None:
     task_type(cfg).check(cfg, key)
 
 
+def check_transfer(name: str, cfg: TaskConfig, source: str, source_cfg: TaskConfig) -> None:
+    """A transfer task is scored by the models of its source task: the same type, and for a type whose
+    classes params name, the same classes (Params.validate: `source` is a task in `tasks`)."""
+    for task, task_cfg in ((name, cfg), (source, source_cfg)):
+        if task_cfg.type is not None:
+            check_choice(task_cfg.type, TYPES, f"tasks.{task}.type")
+    kind, source_kind = task_type(cfg), task_type(source_cfg)
+    if kind is not source_kind:
+        raise ParamsError(f"tasks.{name}.type: {kind.name}, but its transfer_from task '{source}' is "
+                          f"{source_kind.name}; a transfer task is scored with its source's models: give both one type")
+    if kind.named_labels and cfg.label_names != source_cfg.label_names:
+        raise ParamsError(f"tasks.{name}.label_names: {cfg.label_names} differ from tasks.{source}.label_names "
+                          f"({source_cfg.label_names}), the classes of the models it is scored with; give the same")
+
+
 def check_tasks(params: Params) -> None:
     """The `tasks` section against the types (a check of lib.config.params.load_params, for the stages that
     read tasks): each task's type a registered one, its metrics the type's, its fields what the type
     needs, and what other sections ask of a task's type."""
     for name, cfg in params.tasks.items():
+        if cfg.transfer_from is not None:  # first: it has its source's metrics, which its type may not have
+            check_transfer(name, cfg, cfg.transfer_from, params.tasks[cfg.transfer_from])
         check_task(cfg, f"tasks.{name}")
     for name in params.evaluate.zero_shot:  # Params.validate: every name is a task's
         kind = task_type(params.tasks[name])

@@ -39,6 +39,7 @@ class TaskData:
     type: str = "classification"
     info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
     references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
+    language: str | None = None  # the language of its text (TaskConfig.language), which the model reads it as
 
     def size(self, split: str) -> int:
         """How many items `split` ("train", "dev", "eval") holds: rows, not model inputs (a question of
@@ -165,37 +166,41 @@ class TaskType:
         raise NotImplementedError
 
     def select(self, name: str, cfg: TaskConfig, *, dev_fraction: float, dev_max: int, max_train: int | None = None,
-               max_eval: int | None = None) -> TaskItems:
+               max_eval: int | None = None, train_from: tuple[str, TaskConfig] | None = None) -> TaskItems:
         """The task's items: train and dev (hashed out of train) from cfg.train_split, at most max_train
-        of train; the evaluation items of cfg.eval_splits[0], at most max_eval."""
+        of train; the evaluation items of cfg.eval_splits[0], at most max_eval. A transfer task takes its
+        train, dev, label names and info from the task it transfers from, `train_from` (name, config):
+        what the models it is scored with learned from; its evaluation labels map onto those classes."""
         key = f"tasks.{name}"
+        source_name, source = train_from or (name, cfg)
+        source_key = f"tasks.{source_name}"
         eval_split = cfg.eval_splits[0]
-        train_items, train_skipped = self.read(cfg, cfg.train_split, key, None)
+        train_items, train_skipped = self.read(source, source.train_split, source_key, None)
         if not train_items:
-            raise UserError(f"{key}: split '{cfg.train_split}' has no usable row (skipped: {train_skipped}); "
+            raise UserError(f"{source_key}: split '{source.train_split}' has no usable row (skipped: {train_skipped}); "
                             "check the task's fields and type")
         labeled = has_label_field(cfg, eval_split, key)
         eval_items, eval_skipped = self.read(cfg, eval_split, key, train_items) if labeled else ([], {})
         if labeled and not eval_items and not self.unlabeled(eval_skipped):
             raise UserError(f"{key}: split '{eval_split}' has no usable row (skipped: {eval_skipped})")
-        label_names, info = self.prepare(cfg, train_items, key)
-        train_items, eval_items = self.label_ids(cfg, train_items, eval_items, eval_split, key)
-        train, dev = self.split_train(train_items, key, dev_fraction=dev_fraction, dev_max=dev_max,
+        label_names, info = self.prepare(source, train_items, source_key)
+        train_items, eval_items = self.label_ids(source, train_items, eval_items, eval_split, key)
+        train, dev = self.split_train(train_items, source_key, dev_fraction=dev_fraction, dev_max=dev_max,
                                       max_train=max_train)
         if eval_items:
             kept = hashed_subset([text_hash(self.hash_text(item)) for item in eval_items],
                                  [self.tie(item) for item in eval_items], max_eval)
             eval_items = [eval_items[i] for i in kept]
-        return TaskItems(label_names, {**info, **self.fit(cfg, train, key)}, train, dev, eval_items, eval_split,
-                         {**{f"train.{k}": v for k, v in train_skipped.items()},
-                          **{f"eval.{k}": v for k, v in eval_skipped.items()}})
+        return TaskItems(label_names, {**info, **self.fit(source, train, source_key)}, train, dev, eval_items,
+                         eval_split, {**{f"train.{k}": v for k, v in train_skipped.items()},
+                                      **{f"eval.{k}": v for k, v in eval_skipped.items()}})
 
     def load(self, name: str, cfg: TaskConfig, tokenizer, special: dict[str, int], *, dev_fraction: float,
              dev_max: int, max_train: int | None = None, max_eval: int | None = None,
-             causal: bool = False) -> TaskData:
+             causal: bool = False, train_from: tuple[str, TaskConfig] | None = None) -> TaskData:
         """The task's items (`select`) encoded for a causal model (`causal`) or one that attends both ways."""
         items = self.select(name, cfg, dev_fraction=dev_fraction, dev_max=dev_max, max_train=max_train,
-                            max_eval=max_eval)
+                            max_eval=max_eval, train_from=train_from)
         encoded, truncated = {}, {}
         for split in ("train", "dev", "eval"):
             encoded[split], truncated[split] = self.encode(getattr(items, split), cfg, tokenizer, special,
@@ -204,7 +209,8 @@ class TaskType:
             name=name, label_names=items.label_names, train=encoded["train"], dev=encoded["dev"],
             eval=encoded["eval"] or None, eval_split=items.eval_split, skipped=items.skipped,
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
-            type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval})
+            type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval},
+            language=cfg.language)
 
     def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
                     max_train: int | None) -> tuple[list, list]:

@@ -115,6 +115,7 @@ def build_student(teacher: Classifier, cfg: DistillConfig, blocks: list[int]) ->
     else:
         s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
     student = Classifier(Transformer(s), dataclasses.replace(teacher.head_cfg))
+    student.language = teacher.language
     if blocks:
         source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared
         copied = {}

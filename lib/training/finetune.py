@@ -75,6 +75,8 @@ class RunResult:
     confusion: list[list[int]] | None = None  # eval split, rows = true class
     history: list[dict[str, float]] = field(default_factory=list)  # per-epoch train loss, lr, dev metrics
     learned: dict[str, Any] = field(default_factory=dict)  # what the report shows of the weights (elmo: the mix's)
+    # zero-shot transfer: per task transferred to (tasks.<name>.transfer_from), its evaluation split's metrics
+    transfer: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,6 +149,7 @@ def run_variant(variant: str, task: TaskData, metrics: list[str], adapted: Trans
     if variant == "frozen":
         return run_probe(task, metrics, adapted, cfg, impl, device, seed, pad_id, on_epoch, context, label)
     plan = setup(variant, adapted, TYPES[task.type].n_outputs(task), cfg, TYPES[task.type])
+    plan.model.read_as(task.language)
     model = plan.model.to(device)
     trainer = FullTrainer(model, plan, task, cfg, impl, device, pad_id, seed, checkpoint_dir, fingerprint, metrics[0],
                           context, label)
@@ -170,6 +173,7 @@ def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: Fin
     kind = TYPES[task.type]
     probe = HeadConfig(kind.n_outputs(task), "tokens" if kind.per_token else "concat", block=False, dropout=0.0)
     model = Classifier(copy.deepcopy(adapted), probe).to(device)
+    model.read_as(task.language)
     trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
     train_loss = trainer.fit()
     dev, evaluated, confusion = final_scores(trainer.score, task, metrics)
@@ -179,6 +183,24 @@ def run_probe(task: TaskData, metrics: list[str], adapted: Transformer, cfg: Fin
     result = RunResult(task.name, "frozen", seed, [dev[metrics[0]]], 1, dev, evaluated, trainer.steps,
                        round(time.perf_counter() - started, 1), confusion, [row])
     return result, distributed.to_cpu(model, context)
+
+
+def transfer_scores(model: Classifier, task: TaskData, transfers: dict[str, TaskData], metrics: list[str],
+                    cfg: FinetuneConfig, impl: ImplConfig, device: torch.device,
+                    pad_id: int) -> dict[str, dict[str, float]]:
+    """Zero-shot transfer: the scores of `model`, trained on `task`, on the evaluation split of each task
+    in `transfers` (tasks.<name>.transfer_from), each read in its own language, scored as finetune scores
+    `task`'s (with what `task`'s dev calibrates, SQuAD 2.0's no-answer threshold). One process: the model
+    is whole on rank 0 alone after training (lib.training.distributed.to_cpu); it is left on the CPU."""
+    model.to(device)
+    batch = cfg.batch_size * 2
+    calibration = score_split(model, task, "dev", metrics, batch, pad_id, device, impl)[1] \
+        if TYPES[task.type].calibrated else None
+    scores = {name: score_split(model, other, "eval", metrics, batch, pad_id, device, impl, calibration=calibration)[0]
+              for name, other in transfers.items()}
+    model.to("cpu")
+    model.read_as(task.language)
+    return scores
 
 
 def final_scores(score: Callable[..., Any], task: TaskData,
