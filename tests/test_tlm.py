@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.config.params import ParamsError, TLMConfig
+from lib.config.params import ParallelCorpusConfig, ParamsError, TLMConfig
 from lib.core.errors import UserError
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.pairs import PairBatches, WindowsAndPairs
@@ -143,7 +143,11 @@ def test_forward_contract_and_flops_count_the_pairs(tmp_path):
 def test_languages_and_pairs_stop_at_start_without_each_other():
     with pytest.raises(ParamsError, match=r"^objective: tlm trains on translation pairs"):
         check_objective(dataclasses.replace(tiny_params(), objective="tlm"))
-    with pytest.raises(ParamsError, match=r"^model.languages: language embeddings train with objective: mlm, tlm"):
-        check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual()))
+    parallel = dataclasses.replace(tiny_params().corpora, parallel={"en_de": ParallelCorpusConfig(
+        source="unused", languages=["en", "de"])})
+    with pytest.raises(ParamsError, match=r"^corpora.parallel: its text of several languages trains with objective: "
+                                          r"mlm, tlm \(which read each token's language\), not clm"):
+        check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual(), corpora=parallel))
+    check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual()))  # no pairs: fine
     with pytest.raises(ParamsError, match=r"^tlm.pair_batch: 0 must be >= 1"):
         TLMConfig(pair_batch=0).validate("tlm")

@@ -40,12 +40,13 @@ def check_objective(params: Params) -> None:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.sentence_task)
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} needs objective: {able} and model.segment_vocab >= 2 "
                           f"(they are {params.objective} and {params.model.segment_vocab}); set mlm.sentence: none")
-    if params.model.languages and not objective.reads_languages:
+    if params.corpora.parallel and not objective.reads_languages:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.reads_languages)
-        raise ParamsError(f"model.languages: language embeddings train with objective: {able}, not "
-                          f"{params.objective}; set model.languages: [] or change the objective")
-    if params.model.languages and params.mlm.sentence != "none":
-        raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with model.languages (XLM) is not supported; "
+        raise ParamsError(f"corpora.parallel: its text of several languages trains with objective: {able} (which "
+                          f"read each token's language), not {params.objective}; change the objective or set "
+                          "corpora.parallel: {}")
+    if params.corpora.parallel and params.mlm.sentence != "none":
+        raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with corpora.parallel (XLM) is not supported; "
                           "set mlm.sentence: none")
     if objective.reads_pairs and not params.corpora.parallel:
         raise ParamsError(f"objective: {params.objective} trains on translation pairs: set corpora.parallel (e.g. "
