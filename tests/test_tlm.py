@@ -91,7 +91,7 @@ def test_tlm_reads_a_masked_word_from_its_translation_and_mlm_cannot(tmp_path):
     pairs = PairBatches(packed, ["en", "de"], batch_size=32, max_len=16, seed=0, pad_id=PAD)
     torch.manual_seed(0)
     objective = tlm(pair_batch=32)
-    objective.read_pairs(pairs.mean_tokens(), 1.0)
+    objective.read_pairs(pairs.mean_tokens(), 32 / (2 * 17))
     batches = WindowsAndPairs(type("Windows", (), {"batch": lambda self, s, m=0: unlearnable_windows(rng)})(), pairs)
     control = build("mlm", model=bilingual())
     for model in (objective, control):
@@ -126,13 +126,14 @@ def test_tlm_reads_a_masked_word_from_its_translation_and_mlm_cannot(tmp_path):
 def test_forward_contract_and_flops_count_the_pairs(tmp_path):
     packed = write_pairs(tmp_path / "p", translated(8, 5, np.random.default_rng(0)))
     pairs = PairBatches(packed, ["en", "de"], batch_size=4, max_len=16, seed=0, pad_id=PAD)
-    objective = tlm()
+    objective = tlm(pair_batch=4)
     with pytest.raises(RuntimeError, match="read_pairs"):
         objective.flops_per_token(16)
-    objective.read_pairs(pairs.mean_tokens(), 0.5)
-    mlm = objective.backbone().flops_per_token(16, predicted=0.15)
-    pair = objective.backbone().flops_per_token(12, predicted=0.15)  # (5 + eos) x 2 tokens a row
-    assert objective.flops_per_token(16) == pytest.approx(mlm + 0.5 * pair)
+    windows = 2 * 16  # a micro-batch of 2 windows of 16 tokens, and 4 pairs of (5 + eos) x 2 tokens
+    objective.read_pairs(pairs.mean_tokens(), 4 / windows)
+    backbone = objective.backbone()
+    spent = windows * backbone.flops_per_token(16, predicted=0.15) + 4 * 12 * backbone.flops_per_token(12, predicted=0.15)
+    assert objective.flops_per_token(16) * windows == pytest.approx(spent)
     loss, metrics = objective(*unlearnable_windows(np.random.default_rng(0)), *pairs.batch(0))
     assert set(metrics) == {"loss", "accuracy", "mlm_loss", "tlm_loss", "tlm_accuracy"}
     assert metrics["loss"] == pytest.approx(float(metrics["mlm_loss"] + metrics["tlm_loss"]))

@@ -35,12 +35,12 @@ class TranslationLM(MaskedLM):
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
         self.pair_tokens: float | None = None  # see read_pairs
-        self.pair_tokens_per_token: float | None = None
+        self.pairs_per_token: float | None = None
 
-    def read_pairs(self, pair_tokens: float, pair_tokens_per_token: float) -> None:
+    def read_pairs(self, pair_tokens: float, pairs_per_token: float) -> None:
         """What the pair batches cost, for flops_per_token: the tokens of the average pair row, and
-        the pair tokens each window token brings along."""
-        self.pair_tokens, self.pair_tokens_per_token = pair_tokens, pair_tokens_per_token
+        the pairs each window token brings along (pairs per micro-batch / its window tokens)."""
+        self.pair_tokens, self.pairs_per_token = pair_tokens, pairs_per_token
 
     def forward(self, tokens: Tensor, word_starts: Tensor, language_ids: Tensor, pair_tokens: Tensor,
                 pair_starts: Tensor, pair_languages: Tensor, pair_positions: Tensor,
@@ -60,5 +60,5 @@ class TranslationLM(MaskedLM):
         a masked LM over rows of the average pair's length."""
         if self.pair_tokens is None:
             raise RuntimeError("read_pairs() first: the cost of tlm depends on its pairs' lengths")
-        pairs = super().flops_per_token(round(self.pair_tokens))
-        return super().flops_per_token(seq_len) + self.pair_tokens_per_token * pairs
+        per_pair_token = super().flops_per_token(round(self.pair_tokens))
+        return super().flops_per_token(seq_len) + self.pairs_per_token * self.pair_tokens * per_pair_token
