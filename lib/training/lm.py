@@ -131,7 +131,7 @@ def with_pairs(objective: Objective, params: Params, cfg: TrainConfig, paths: LM
                     name=str(packed.prefix), rows=context.share(params.tlm.pair_batch, "tlm.pair_batch"))
         for packed in packs)
     objective.read_pairs(pair_train.mean_tokens(), params.tlm.pair_batch / (cfg.batch_size * cfg.seq_len))
-    valid = [(*windows, *pairs) for windows, pairs in zip(valid, pair_valid.fixed(cfg.eval_batches))]
+    valid = [(*windows, *pairs) for windows, pairs in zip(valid, pair_valid.fixed(len(valid)))]
     return WindowsAndPairs(train, pair_train), valid, packs
 
 
