@@ -265,6 +265,20 @@ def test_a_monolingual_chain_has_no_languages_and_no_pairs(chain, tmp_path):
     assert pairs.n_docs == 0 and pairs.language_ids is None
     assert "parallel" not in json.loads((tmp_path / "mono" / "tokenizer.json").read_text())
 
+    def with_languages(params):  # a model with language embeddings on untagged text reads the first one's
+        monolingual(params)
+        params.update(objective="mlm")
+        params["model"].update(languages=["en", "de"], d_model=32, n_layers=1, n_heads=2, d_ff=64)
+        params["pretrain"].update(seq_len=32, batch_size=4, budget_tokens=4 * 32 * 2, eval_every=2, eval_batches=1,
+                                  warmup_steps=1)
+
+    params = changed_params(chain, tmp_path / "mlm", with_languages)
+    tokens = tmp_path / "mono" / "tokens"
+    done = stage("pretrain", params, "--tokenizer", str(tokens / "tokenizer"), "--tokens", str(tokens / "pretrain"),
+                 "--parallel", str(tokens / "parallel"), "--out", "model", "--metrics", "pretrain.json", "--plots",
+                 "plots", "--checkpoints", "checkpoints")
+    assert done.returncode == 0, done.stderr[-2000:]
+
 
 def test_a_record_without_one_of_the_languages_is_one_line_and_leaves_no_output(chain, tmp_path):
     def czech(params):

@@ -60,7 +60,8 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     run.log_params({"runtime": facts})
     train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
     window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
-    languages = objective.arch.languages if objective.reads_languages else []
+    # untagged text (no corpora.parallel) carries no languages: every token reads the model's first one
+    languages = objective.arch.languages if objective.reads_languages and train_tokens.languages else []
     train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
                           rows=context.share(cfg.batch_size, f"{stage}.batch_size"), units=objective.units,
                           languages=languages)
