@@ -66,6 +66,19 @@ def test_forward_contract():
     assert objective.query_start.grad.abs().sum() > 0
 
 
+def test_the_query_stream_enters_the_blocks_at_the_content_streams_scale():
+    """Both streams start from an embedding row taken through the embeddings' LayerNorm, not the query
+    stream from w's raw 0.02 scale, 50 times below the normed token embeddings."""
+    objective = plm().eval()
+    model = objective.backbone()
+    tokens = counting_rows()[0][:, :-1]
+    content = model.project(model.embeddings(tokens))
+    query = objective.query_inputs(*tokens.shape)
+    rms = lambda x: x.pow(2).mean(-1).sqrt()
+    assert query.shape == content.shape
+    assert torch.allclose(rms(query), rms(content), rtol=0.05)
+
+
 def two_sided_rows(rows: int, length: int, generator: torch.Generator, n: int = 7) -> torch.Tensor:
     """Token i is the pair (a_i, a_(i-1)) of fresh draws from n values: its left neighbour tells a_(i-1),
     its right neighbour a_i, and only both tell the token."""

@@ -65,8 +65,9 @@ class PermutationLM(Objective):
                             f"not {self.arch.position}: its query stream has no input that says where it is")
         self.partial_k = params.plm.partial_k
         self.model = Transformer(self.arch)
-        # the query stream's input at every position: XLNet's trainable mask embedding w
-        self.query_start = nn.Parameter(torch.randn(self.arch.d_model) * 0.02)
+        # the query stream's input at every position: XLNet's trainable mask embedding w, a row of the
+        # token embeddings' width that takes their path into the blocks (see query_inputs)
+        self.query_start = nn.Parameter(torch.randn(self.arch.embedding_dim) * 0.02)
 
     def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         inputs = tokens[:, :-1]
@@ -89,11 +90,19 @@ class PermutationLM(Objective):
         query_mask = self.attention_mask(query_allowed, targets)
         rope, query_rope = model.rope(T), model.rope(T, targets)  # query_rope (B, 1, P, d): at the targets
         h = model.project(model.embeddings(inputs))
-        g = self.query_start.to(h.dtype).expand(B, targets.shape[1], -1)
+        g = self.query_inputs(B, targets.shape[1])
         for i in range(model.cfg.n_layers):
             block = model.blocks[i % len(model.blocks)]
             h, g = block(h, content_mask, rope), block(g, query_mask, query_rope, context=h, context_rope=rope)
         return model.lm_logits(model.norm(g)), targets
+
+    def query_inputs(self, batch: int, n_predict: int) -> Tensor:
+        """(batch, n_predict, d_model): w through the embeddings' LayerNorm, dropout and projection, as
+        every token is, so that the two streams, which share every block, start at one scale (without
+        the LayerNorm, w's 0.02 init would start the query stream 50 times below the normed tokens)."""
+        embeddings = self.model.embeddings
+        start = embeddings.norm(self.query_start).expand(batch, n_predict, -1)
+        return self.model.project(embeddings.dropout(start))
 
     def attention_mask(self, allowed: Tensor, query_positions: Tensor) -> Tensor:
         """SDPA's attn_mask (B, 1 or H, Q, T) from `allowed` (B, Q, T): as it is, or under ALiBi its
