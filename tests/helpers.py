@@ -33,6 +33,13 @@ def counting_rows(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch
     return tokens, word_starts
 
 
+def two_sided_rows(rows: int, length: int, generator: torch.Generator, n: int = 7) -> torch.Tensor:
+    """Token i is the pair (a_i, a_(i-1)) of fresh draws from n values: its left neighbour tells a_(i-1),
+    its right neighbour a_i, and only both tell the token."""
+    fresh = torch.randint(0, n, (rows, length + 1), generator=generator)
+    return len(TOY_SPECIAL) + fresh[:, 1:] * n + fresh[:, :-1]
+
+
 def write_jsonl_gz(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", encoding="utf-8") as f:

@@ -11,7 +11,7 @@ from lib.config.params import ParamsError, PLMConfig
 from lib.core.errors import UserError
 from lib.models.transformer import Transformer
 from lib.objectives.plm import PermutationLM, two_stream_masks
-from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_rows
+from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_rows, two_sided_rows
 from tests.test_objectives import build, one_thread, tiny_params  # noqa: F401 (the fixture applies here too)
 
 
@@ -77,13 +77,6 @@ def test_the_query_stream_enters_the_blocks_at_the_content_streams_scale():
     rms = lambda x: x.pow(2).mean(-1).sqrt()
     assert query.shape == content.shape
     assert torch.allclose(rms(query), rms(content), rtol=0.05)
-
-
-def two_sided_rows(rows: int, length: int, generator: torch.Generator, n: int = 7) -> torch.Tensor:
-    """Token i is the pair (a_i, a_(i-1)) of fresh draws from n values: its left neighbour tells a_(i-1),
-    its right neighbour a_i, and only both tell the token."""
-    fresh = torch.randint(0, n, (rows, length + 1), generator=generator)
-    return len(TOY_SPECIAL) + fresh[:, 1:] * n + fresh[:, :-1]
 
 
 def test_learns_what_only_context_on_both_sides_tells():
