@@ -78,6 +78,20 @@ def stage(name: str, params: Path, *paths: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+def pretrain(params: Path, tokens: Path) -> subprocess.CompletedProcess:
+    """The pretrain stage on the tokenizer stage's folder `tokens`, its outputs under the params' folder."""
+    return stage("pretrain", params, "--tokenizer", str(tokens / "tokenizer"), "--tokens", str(tokens / "pretrain"),
+                 "--parallel", str(tokens / "parallel"), "--out", "model", "--metrics", "pretrain.json",
+                 "--plots", "plots", "--checkpoints", "checkpoints")
+
+
+def tiny_pretraining(params: dict, steps: int) -> None:
+    """A one-layer model pretrained for `steps` steps of 4 x 32 tokens, validated at the end."""
+    params["model"].update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
+    params["pretrain"].update(seq_len=32, batch_size=4, budget_tokens=4 * 32 * steps, eval_every=steps,
+                              eval_batches=1, warmup_steps=1)
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory) -> Path:
     """The tiny project after data, clean and tokenizer; returns its folder."""
@@ -268,15 +282,10 @@ def test_a_monolingual_chain_has_no_languages_and_no_pairs(chain, tmp_path):
     def with_languages(params):  # a model with language embeddings on untagged text reads the first one's
         monolingual(params)
         params.update(objective="mlm")
-        params["model"].update(languages=["en", "de"], d_model=32, n_layers=1, n_heads=2, d_ff=64)
-        params["pretrain"].update(seq_len=32, batch_size=4, budget_tokens=4 * 32 * 2, eval_every=2, eval_batches=1,
-                                  warmup_steps=1)
+        params["model"].update(languages=["en", "de"])
+        tiny_pretraining(params, steps=2)
 
-    params = changed_params(chain, tmp_path / "mlm", with_languages)
-    tokens = tmp_path / "mono" / "tokens"
-    done = stage("pretrain", params, "--tokenizer", str(tokens / "tokenizer"), "--tokens", str(tokens / "pretrain"),
-                 "--parallel", str(tokens / "parallel"), "--out", "model", "--metrics", "pretrain.json", "--plots",
-                 "plots", "--checkpoints", "checkpoints")
+    done = pretrain(changed_params(chain, tmp_path / "mlm", with_languages), tmp_path / "mono" / "tokens")
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -299,9 +308,7 @@ def test_the_pretrain_stage_trains_tlm_on_the_pairs_and_the_windows_languages(ch
     def small(objective):
         def change(params):
             params["objective"] = objective
-            params["model"].update(d_model=32, n_layers=1, n_heads=2, d_ff=64)
-            params["pretrain"].update(seq_len=32, batch_size=4, budget_tokens=4 * 32 * 3, eval_every=3,
-                                      eval_batches=1, warmup_steps=1)
+            tiny_pretraining(params, steps=3)
             params["tlm"]["pair_batch"] = 4
         return change
 
@@ -309,9 +316,7 @@ def test_the_pretrain_stage_trains_tlm_on_the_pairs_and_the_windows_languages(ch
     for objective in ("tlm", "mlm"):
         folder = tmp_path / objective
         params = changed_params(chain, folder, small(objective))
-        done = stage("pretrain", params, "--tokenizer", str(chain / "tokens" / "tokenizer"), "--tokens",
-                     str(chain / "tokens" / "pretrain"), "--parallel", str(chain / "tokens" / "parallel"), "--out",
-                     "model", "--metrics", "pretrain.json", "--plots", "plots", "--checkpoints", "checkpoints")
+        done = pretrain(params, chain / "tokens")
         assert done.returncode == 0, done.stderr[-2000:]
         metrics = json.loads((folder / "pretrain.json").read_text())
         flops[objective] = metrics["flops_per_token"]
