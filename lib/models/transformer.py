@@ -179,6 +179,10 @@ class Embeddings(nn.Module):
             x = x + (self.language.weight[0] if language_ids is None else self.language(language_ids))
         elif language_ids is not None:
             raise ValueError("language_ids given but the model has no languages (model.languages is empty)")
+        return self.finish(x)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """What every embedded input goes through before the blocks: LayerNorm, then dropout."""
         return self.dropout(self.norm(x))
 
 

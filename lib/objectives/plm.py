@@ -100,9 +100,8 @@ class PermutationLM(Objective):
         """(batch, n_predict, d_model): w through the embeddings' LayerNorm, dropout and projection, as
         every token is, so that the two streams, which share every block, start at one scale (without
         the LayerNorm, w's 0.02 init would start the query stream 50 times below the normed tokens)."""
-        embeddings = self.model.embeddings
-        start = embeddings.norm(self.query_start).expand(batch, n_predict, -1)
-        return self.model.project(embeddings.dropout(start))
+        start = self.query_start.expand(batch, n_predict, -1)
+        return self.model.project(self.model.embeddings.finish(start))
 
     def attention_mask(self, allowed: Tensor, query_positions: Tensor) -> Tensor:
         """SDPA's attn_mask (B, 1 or H, Q, T) from `allowed` (B, Q, T): as it is, or under ALiBi its
