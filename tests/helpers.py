@@ -103,10 +103,12 @@ def tiny_tokenizer(out_dir: Path) -> Path:
     return out_dir
 
 
-def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False, head=None, **model) -> Path:
+def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False, head=None, language: str | None = None,
+                         **model) -> Path:
     """A 2-layer, 32-wide classifier over TINY_LABELS (`model`: TransformerConfig fields; `head`: a
-    HeadConfig, or a function of the backbone's config that makes one; default the ULMFiT block),
-    its weights drawn wide enough that texts get different labels, saved by save_classifier."""
+    HeadConfig, or a function of the backbone's config that makes one; default the ULMFiT block; `language`:
+    the task's, for a model with languages), its weights drawn wide enough that texts get different labels,
+    saved by save_classifier."""
     import torch
 
     from lib.models.classifier import Classifier, HeadConfig, save_classifier
@@ -121,9 +123,11 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
     classifier = Classifier(Transformer(cfg), head)
     for weight in (p for p in classifier.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
+    classifier.read_as(language)
     encoding = {"max_len": TINY_MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pairs else "text",
                 "text_pair_field": "hypothesis" if pairs else None}
-    save_classifier(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding})
+    save_classifier(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding,
+                                                         "language": language})
     return out_dir
 
 

@@ -234,6 +234,47 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
+    """XLM's shape (post-LN, learned positions, the decoder alone, FFN 4x) with language embeddings loads
+    as XLMWithLMHeadModel: the same logits with language ids (a translation pair, positions restarting at
+    its second sentence) and without them (ours read the first language; XLM adds none)."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=128, max_positions=64,
+                            norm="post", lm_head="linear", segment_vocab=0, languages=["en", "de", "fr"],
+                            causal=causal)
+    assert export_family(cfg) == ("xlm", "")
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_model(model, tmp_path, SPECIAL)
+    ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    languages = torch.tensor([[0] * 5 + [1] * 4, [2] * 9])
+    positions = torch.tensor([[*range(5), *range(4)], [*range(9)]])
+    theirs = transformers.XLMWithLMHeadModel.from_pretrained(tmp_path).eval()
+    back = load_model(tmp_path)
+    with torch.no_grad():
+        for extra, hf_extra in (({}, {}), ({"language_ids": languages, "position_ids": positions},
+                                          {"langs": languages, "position_ids": positions})):
+            ours = model(ids, None, mask, **extra)
+            logits = theirs(input_ids=ids, attention_mask=mask.long(), **hf_extra).logits
+            assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
+            assert (back(ids, None, mask, **extra) - ours)[mask].abs().max() < TOL
+        assert (model(ids, None, mask, language_ids=languages) - model(ids, None, mask))[mask].abs().max() > 0.01
+
+
+def test_a_model_with_languages_in_another_shape_names_what_xlm_needs():
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            position="rope", languages=["en", "de"])
+    family, reason = export_family(cfg)
+    assert family is None and reason == ("language embeddings (XLM); transformers' XLM needs model.position: learned, "
+                                         "model.norm: post, model.lm_head: linear, model.segment_vocab: 0, "
+                                         "model.d_ff: 128 (4 x d_model)")
+
+
 @pytest.mark.parametrize("shape", [dict(position="rope", segment_vocab=2), dict(position="rope", norm="post"),
                                    dict(position="alibi"), dict(share_layers=True)])
 def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(shape, tmp_path):

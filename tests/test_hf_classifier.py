@@ -33,6 +33,9 @@ SHAPES = {
     "gpt2": ({"causal": True, "embedding_norm": False, "lm_head": "linear", "segment_vocab": 0},
              "GPT2ForSequenceClassification"),
     "esm": ({"position": "rope", "segment_vocab": 0}, "EsmForSequenceClassification"),
+    # a German task of a model with languages: XLM without language ids reads German as the classifier does
+    "xlm": ({**POST, "lm_head": "linear", "segment_vocab": 0, "d_ff": 128, "languages": ["en", "de"], "language": "de"},
+            "XLMForSequenceClassification"),
 }
 
 
@@ -158,7 +161,7 @@ TYPE_META = {"regression": {"info": {"mean": 2.5, "std": 1.5}}, "multiple_choice
 
 @pytest.mark.parametrize("task_type, shape", [(t, "bert") for t in TYPE_EXPORTS] + [
     ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra"),
-    ("tagging", "esm"), ("regression", "esm")])
+    ("tagging", "esm"), ("regression", "esm"), ("tagging", "xlm"), ("span_qa", "xlm"), ("regression", "xlm")])
 def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, task_type, shape):
     """The plain head of each type (lib.training.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
     model for the type gives our outputs (a regression model the score in label units), and the folder
@@ -169,18 +172,20 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     from lib.tasks.base import TaskData
     from lib.tasks import TYPES
 
-    fields = SHAPES[shape][0]
+    fields = dict(SHAPES[shape][0])
+    language = fields.pop("language", None)
     torch.manual_seed(0)
     cfg = TransformerConfig(**{"vocab_size": load_tokenizer(folders["tok"]).get_vocab_size(), "d_model": 32,
                                "n_layers": 2, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
                                "max_positions": TINY_MAX_LEN, **fields})
-    meta = {"type": task_type, "label_names": [], **TYPE_META[task_type]}
+    meta = {"type": task_type, "label_names": [], "language": language, **TYPE_META[task_type]}
     task = TaskData("toy", meta["label_names"], [], [], None, "", {}, {}, type=task_type, info=meta.get("info", {}))
     kind = TYPES[task_type]
     model = setup("plain", Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
                   kind).model.eval()
     for weight in (p for p in model.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
+    model.read_as(language)
     line = save_classifier(model, tmp_path / "model", folders["tok"], meta)
     assert line.startswith("transformers: ") and task_type != "classification"
     theirs = getattr(transformers, TYPE_EXPORTS[task_type]).from_pretrained(tmp_path / "model").eval()

@@ -324,3 +324,36 @@ def test_the_pretrain_stage_trains_tlm_on_the_pairs_and_the_windows_languages(ch
         assert ("val_tlm_accuracy" in metrics) == (objective == "tlm")
         assert json.loads((folder / "model" / "config.json").read_text())["languages"] == ["en", "de", "fr"]
     assert flops["tlm"] > flops["mlm"]
+
+
+def test_a_tlm_model_in_xlms_shape_loads_as_transformers_xlm(chain, tmp_path):
+    """In XLM's shape the pretrain stage's folder is transformers' XLMWithLMHeadModel: its tokenizer and
+    model give our logits on a translation pair (languages per side, positions restarting)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from lib.models.folder import load_model
+
+    def xlm_shape(params):
+        params["objective"] = "tlm"
+        tiny_pretraining(params, steps=2)
+        params["tlm"]["pair_batch"] = 4
+        params["model"].update(position="learned", norm="post", lm_head="linear", d_ff=4 * params["model"]["d_model"])
+
+    folder = tmp_path / "xlm"
+    done = pretrain(changed_params(chain, folder, xlm_shape), chain / "tokens")
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = json.loads((folder / "model" / "config.json").read_text())
+    assert config["model_type"] == "xlm" and config["lang2id"] == {"en": 0, "de": 1, "fr": 2}
+    assert "pipeline_tag: fill-mask" in (folder / "model" / "README.md").read_text()  # the model card
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "model")
+    en, de = (tokenizer(text)["input_ids"] for text in (CAPTION, "Ein Mann in einem blauen Hemd steht auf einer Leiter."))
+    ids = torch.tensor([en + de])
+    languages = torch.tensor([[0] * len(en) + [1] * len(de)])
+    positions = torch.tensor([[*range(len(en)), *range(len(de))]])
+    ours = load_model(folder / "model")
+    with torch.no_grad():
+        expected = ours.lm_logits(ours(ids, None, None, language_ids=languages, position_ids=positions))
+        theirs = transformers.XLMWithLMHeadModel.from_pretrained(folder / "model").eval()(
+            input_ids=ids, langs=languages, position_ids=positions).logits
+    assert (theirs - expected).abs().max() < 1e-4

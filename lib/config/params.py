@@ -279,6 +279,8 @@ class ModelConfig:
     position: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"
     norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer (GPT-2) or after it (BERT)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
+    # the LM head: BERT's dense-GELU-LayerNorm before the decoder, or GPT-2's (and XLM's) decoder alone
+    lm_head: Literal["mlp", "linear"] = "mlp"
     embedding_size: int | None = None  # ALBERT factorised embeddings: E < d_model, projected up; null = d_model
     share_layers: bool = False  # ALBERT cross-layer parameter sharing: one block applied n_layers times
     segment_vocab: int = 2  # segment (token type) embeddings for sentence pairs; 0 = none

@@ -6,7 +6,7 @@ real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooli
 [that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
 classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linear layer, or the head of
 transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
-layer without bias on a causal model's last token). LayerNorm stands in for ULMFiT's BatchNorm: it
+layer: without bias on a causal model's last token, with it on an XLM's first). LayerNorm stands in for ULMFiT's BatchNorm: it
 does not depend on the batch, so a prediction does not change with what it is batched with.
 Per-token types (tagging, span QA) put the head on every position's state instead. With a scalar mix
 (ELMo's, the elmo variant) the states the features read are a learned mix of every layer's (ScalarMix),
@@ -15,7 +15,7 @@ not the last layer's.
 Saved as a folder: the backbone as lib.models.transformer writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_classifier(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the same backbone and head
-(`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA or GPT-2 shape) the
+(`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2, ESM or XLM shape) the
 folder is also in transformers' layout for the task's type (the type's `exports`: *ForSequenceClassification,
 also for regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
 in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
@@ -72,15 +72,17 @@ def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadCo
     """The plain variants' head, what transformers' sequence-classification model of the backbone's
     family computes: on a causal model a linear layer without bias on the last real token (GPT-2's
     `score`); on a bidirectional one dropout, dense, tanh, dropout, linear on [CLS] (BERT's pooler and
-    classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA."""
+    classifier, RoBERTa's ClassificationHead), GELU in place of tanh where the backbone is an ELECTRA, and
+    no dense layer where it is an XLM (its SequenceSummary: one linear layer on the first token)."""
     if cfg.causal:
         return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
     return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=head_activation(export_family(cfg)[0]))
 
 
-def head_activation(family: str | None) -> str:
-    """The activation of a bidirectional family's sequence-classification head: ELECTRA's GELU, else tanh."""
-    return "gelu" if family == "electra" else "tanh"
+def head_activation(family: str | None) -> str | None:
+    """The activation of a bidirectional family's sequence-classification head: ELECTRA's GELU, none for
+    XLM's (one linear layer on the first token), else tanh."""
+    return {"electra": "gelu", "xlm": None}.get(family, "tanh")
 
 
 class ScalarMix(nn.Module):
@@ -247,7 +249,8 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
         return family, ""
     wanted = head_activation(family)
     if head.pooler != wanted or not head.bias:
-        return None, f"{name}'s head is dense + {wanted} + linear with bias; this head is not"
+        shape = f"dense + {wanted} + linear" if wanted else "one linear layer"
+        return None, f"{name}'s head is {shape} with bias; this head is not"
     return family, ""
 
 
@@ -335,7 +338,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
             if model.mix is not None:
                 write_safetensors(tmp / MIX_FILE, model.mix.state_dict())
         else:
-            save_model(model.backbone, tmp, special, head_export(model, family, meta))
+            save_model(model.backbone, tmp, special, head_export(model, family, meta), model.language)
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))

@@ -24,12 +24,13 @@ from lib.models.transformer import Transformer, TransformerConfig
 
 
 def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
-               task_head: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
+               task_head: tuple[dict[str, torch.Tensor], dict] | None = None, language: int | None = None) -> None:
     """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: in the layout of
     the transformers architecture that computes exactly what this model does, where there is one
     (lib.models.hf, which needs the tokenizer's `special_ids` for pad/bos/eos), else in this module's
     own layout. `task_head`: (tensors, config.json keys) a task model adds to that transformers layout,
-    so the file is written once (lib.models.classifier)."""
+    so the file is written once (lib.models.classifier). `language`: the row of the language embeddings
+    that the transformers model reads when given no language ids (a task model's language), else the first."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
     family, _ = export_family(model.cfg)
     if task_head is not None and family is None:
@@ -39,7 +40,7 @@ def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | 
             write_safetensors(tmp / MODEL_FILE, model.state_dict())
             config = dataclasses.asdict(model.cfg)
         else:
-            config, tensors = export_layout(model, family, special_ids or {})
+            config, tensors = export_layout(model, family, special_ids or {}, language)
             head_tensors, head_config = task_head or ({}, {})
             config.update(head_config)
             write_safetensors(tmp / MODEL_FILE, {**tensors, **head_tensors}, metadata={"format": "pt"})

@@ -14,6 +14,9 @@ Each family maps onto the Transformer's fields and tensor names:
 - distilbert: the same without token types or pooler, its own tensor names;
 - roberta-prelayernorm: RoBERTa with pre-LN layers and a final LayerNorm;
 - gpt2: pre-LN, no embedding LayerNorm, tanh GELU, Conv1D weights transposed, the tied decoder alone;
+- xlm: post-LN, learned positions, language embeddings, the FFN 4x wide, the decoder alone (with a
+  bias, zero in what we export); read back from folders this pipeline exported (XLM's own checkpoints
+  have no fast tokenizer);
 - esm: pre-LN with rotary positions (rotate-half, base 10000), an optional embedding LayerNorm, a final
   LayerNorm, no token types, exact GELU, RoBERTa's LM head; causal with `is_decoder`. ESM-2's
   token_dropout (masked embeddings zeroed and the rest rescaled) is refused.
@@ -165,6 +168,20 @@ def esm_config(hf: dict) -> TransformerConfig:
         norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=bool(hf.get("emb_layer_norm_before")))
 
 
+def xlm_config(hf: dict) -> TransformerConfig:
+    for flag, supported in (("asm", False), ("sinusoidal_embeddings", False), ("gelu_activation", True),
+                            ("use_lang_emb", True)):
+        if hf.get(flag, supported) != supported:
+            raise ValueError(f"{flag} is {hf[flag]} (only {supported} is supported)")
+    id2lang = hf.get("id2lang") or {}
+    return TransformerConfig(
+        vocab_size=hf["vocab_size"], d_model=hf["emb_dim"], n_layers=hf["n_layers"], n_heads=hf["n_heads"],
+        d_ff=4 * hf["emb_dim"], dropout=hf.get("dropout", 0.1), max_positions=hf["max_position_embeddings"],
+        position="learned", norm="post", tie_embeddings=hf.get("tie_word_embeddings", True), segment_vocab=0,
+        causal=bool(hf.get("causal")), activation="gelu", norm_eps=hf.get("layer_norm_eps", 1e-12),
+        lm_head="linear", languages=[id2lang[str(i)] for i in range(hf["n_langs"])] if hf["n_langs"] > 1 else [])
+
+
 def activation(name: str) -> str:
     if name not in ACTIVATIONS:
         raise ValueError(f"activation {name} (supported: {', '.join(ACTIVATIONS)})")
@@ -184,6 +201,9 @@ PRELAYERNORM_LAYER = {
     "ln2": "intermediate.LayerNorm", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
 ESM_LAYER = {"ln1": "attention.LayerNorm", "attn.qkv": BERT_LAYER["attn.qkv"], "attn.proj": "attention.output.dense",
              "ln2": "LayerNorm", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+XLM_LAYER = {"attn.qkv": ("attentions.{i}.q_lin", "attentions.{i}.k_lin", "attentions.{i}.v_lin"),
+             "attn.proj": "attentions.{i}.out_lin", "ln1": "layer_norm1.{i}", "mlp.fc1": "ffns.{i}.lin1",
+             "mlp.fc2": "ffns.{i}.lin2", "ln2": "layer_norm2.{i}"}
 GPT2_LAYER = {"ln1": "ln_1", "attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "ln2": "ln_2",
               "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
 EMBEDDINGS = {"embeddings.token": "embeddings.word_embeddings", "embeddings.position": "embeddings.position_embeddings",
@@ -204,7 +224,7 @@ MLM_HEADS = [{"head.dense": "cls.predictions.transform.dense", "head.norm": "cls
 class Family:
     config: Callable[[dict], TransformerConfig]
     base: str  # the base model's prefix in task checkpoints (BertForMaskedLM's "bert."); absent in a bare model
-    layers: str  # the blocks' prefix, before the layer index
+    layers: str  # the blocks' prefix, before the layer index ("": the names place the index, `{i}`)
     layer: dict[str, Any]
     top: dict[str, str]  # embeddings, projection, pooler and final norm, relative to the base prefix
     heads: list[dict[str, str]]  # the LM head's spellings, outside the base prefix: the first found is read
@@ -234,6 +254,10 @@ FAMILIES: dict[str, Family] = {
     "esm": Family(esm_config, "esm.", "encoder.layer", ESM_LAYER,
                   {"embeddings.token": "embeddings.word_embeddings", "embeddings.norm": "embeddings.layer_norm",
                    "norm": "encoder.emb_layer_norm_after"}, [MLM_HEADS[1]], decoder_bias=False),
+    "xlm": Family(xlm_config, "transformer.", "", XLM_LAYER,
+                  {"embeddings.token": "embeddings", "embeddings.position": "position_embeddings",
+                   "embeddings.language": "lang_embeddings", "embeddings.norm": "layer_norm_emb"},
+                  [{"head.decoder": "pred_layer.proj"}]),
 }
 
 
@@ -312,9 +336,11 @@ def tensor_keys(cfg: TransformerConfig, family: str, base: str, head: dict[str, 
     spec = FAMILIES[family]
     names: dict[str, Any] = {k: f"{base}{v}" for k, v in spec.top.items()}
     for i in range(cfg.n_layers):
+        def layer_name(name: str) -> str:
+            return f"{base}{spec.layers}.{i}.{name}" if spec.layers else f"{base}{name.format(i=i)}"
+
         for k, v in spec.layer.items():
-            names[f"blocks.{i}.{k}"] = (tuple(f"{base}{spec.layers}.{i}.{n}" for n in v) if isinstance(v, tuple)
-                                        else f"{base}{spec.layers}.{i}.{v}")
+            names[f"blocks.{i}.{k}"] = tuple(map(layer_name, v)) if isinstance(v, tuple) else layer_name(v)
     names.update(head)
     keys = {}
     for target in ours:
@@ -341,7 +367,7 @@ def export_family(cfg: TransformerConfig) -> tuple[str | None, str]:
     if cfg.share_layers:
         return None, "layers shared across depth (ALBERT)"
     if cfg.languages:
-        return None, "language embeddings (XLM)"
+        return xlm_family(cfg)
     if cfg.position == "rope":
         return rope_family(cfg)
     if cfg.position != "learned":
@@ -372,16 +398,38 @@ def rope_family(cfg: TransformerConfig) -> tuple[str | None, str]:
     return "esm", ""
 
 
-def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) -> tuple[dict, dict]:
+def xlm_family(cfg: TransformerConfig) -> tuple[str | None, str]:
+    """XLM is transformers' one family with language embeddings; it has one shape of its own."""
+    needs = {"model.position: learned": cfg.position == "learned", "model.norm: post": cfg.norm == "post",
+             "model.lm_head: linear": cfg.lm_head == "linear", "model.segment_vocab: 0": not cfg.segment_vocab,
+             f"model.d_ff: {4 * cfg.d_model} (4 x d_model)": cfg.d_ff == 4 * cfg.d_model,
+             "model.embedding_size: null": cfg.embedding_size is None,
+             "exact GELU, an embedding LayerNorm, positions from 0": (cfg.activation, cfg.embedding_norm,
+                                                                     cfg.position_offset) == ("gelu", True, 0)}
+    missing = [need for need, met in needs.items() if not met]
+    if missing:
+        return None, f"language embeddings (XLM); transformers' XLM needs {', '.join(missing)}"
+    return "xlm", ""
+
+
+def export_layout(model: Transformer, family: str, special_ids: dict[str, int],
+                  language: int | None = None) -> tuple[dict, dict]:
     """(config.json, tensors) of `model` in `family`'s layout. Positions: RoBERTa-style families
     number real tokens from padding_idx + 1, so a model whose table starts at 0 gets that many zero
-    rows in front; token types: a model with none gets one zero row where the family needs them."""
+    rows in front; token types: a model with none gets one zero row where the family needs them.
+    Languages: where ours reads a row when given no language ids (`language`, else the first), XLM adds
+    none, so that row moves into every position's (and out of every language's): the same sums with
+    language ids, and without them XLM reads that language as ours does."""
     cfg, spec = model.cfg, FAMILIES[family]
     pad = special_ids.get("pad", 0)
     shift = pad + 1 - cfg.position_offset if family in ("roberta", "roberta-prelayernorm") else 0
     if shift < 0:
         raise ValueError(f"position_offset {cfg.position_offset} does not fit pad id {pad}")
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if family == "xlm":
+        row = ours["embeddings.language.weight"][language or 0]
+        ours["embeddings.position.weight"] = ours["embeddings.position.weight"] + row
+        ours["embeddings.language.weight"] = ours["embeddings.language.weight"] - row
     tensors = {}
     for target, keys in tensor_keys(cfg, family, spec.base, spec.heads[0], ours).items():
         if target == "head.decoder.weight" and cfg.tie_embeddings:
@@ -399,6 +447,8 @@ def export_layout(model: Transformer, family: str, special_ids: dict[str, int]) 
         tensors[f"{head['head.decoder']}.bias"] = tensors[head["head.decoder.bias"]].clone()
     if "embeddings.segment" in spec.top and not cfg.segment_vocab:  # the family has token types: one zero row
         tensors[f"{spec.base}embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.embedding_dim)
+    if family == "xlm":  # its decoder has a bias; GPT-2's, which ours is, has none
+        tensors["pred_layer.proj.bias"] = torch.zeros(cfg.vocab_size)
     return export_config(cfg, family, special_ids, shift), tensors
 
 
@@ -411,6 +461,13 @@ def export_config(cfg: TransformerConfig, family: str, special_ids: dict[str, in
                   max_position_embeddings=cfg.max_positions, layer_norm_eps=cfg.norm_eps, is_decoder=cfg.causal,
                   position_embedding_type="rotary", rope_theta=ROPE_BASE, emb_layer_norm_before=cfg.embedding_norm,
                   token_dropout=False, mask_token_id=special_ids.get("mask"))
+    elif family == "xlm":
+        index = {f"{role}_index": special_ids[role] for role in ("pad", "bos", "eos", "unk", "mask") if role in special_ids}
+        hf = dict(emb_dim=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, dropout=cfg.dropout,
+                  attention_dropout=cfg.dropout, gelu_activation=True, sinusoidal_embeddings=False, causal=cfg.causal,
+                  asm=False, n_langs=len(cfg.languages), use_lang_emb=True, max_position_embeddings=cfg.max_positions,
+                  layer_norm_eps=cfg.norm_eps, lang2id={code: i for i, code in enumerate(cfg.languages)},
+                  id2lang=dict(enumerate(cfg.languages)), mask_token_id=special_ids.get("mask", 0), **index)
     elif family == "gpt2":
         hf = dict(n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff,
                   activation_function=act, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
@@ -435,7 +492,8 @@ ARCHITECTURES = {"bert": ("BertForMaskedLM", "BertLMHeadModel"), "roberta": ("Ro
                  "gpt2": (None, "GPT2LMHeadModel"),
                  # transformers has no causal ESM class: a causal model's EsmForMaskedLM (is_decoder) gives
                  # next-token logits, without generate()
-                 "esm": ("EsmForMaskedLM", "EsmForMaskedLM")}
+                 "esm": ("EsmForMaskedLM", "EsmForMaskedLM"),
+                 "xlm": ("XLMWithLMHeadModel", "XLMWithLMHeadModel")}
 
 # Task models: the sequence classifier of each family, (class, the names there of the plain head's layers:
 # its dense layer (None: it has none), its output layer), and the prefix of its other task classes (each
@@ -448,9 +506,10 @@ SEQUENCE_CLASSIFIERS = {
     "electra": ("ElectraForSequenceClassification", "classifier.dense", "classifier.out_proj"),
     "gpt2": ("GPT2ForSequenceClassification", None, "score"),
     "esm": ("EsmForSequenceClassification", "classifier.dense", "classifier.out_proj"),
+    "xlm": ("XLMForSequenceClassification", None, "sequence_summary.summary"),  # on the first token, no dense
 }
 CLASS_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "roberta-prelayernorm": "RobertaPreLayerNorm",
-                  "electra": "Electra", "gpt2": "GPT2", "esm": "Esm"}
+                  "electra": "Electra", "gpt2": "GPT2", "esm": "Esm", "xlm": "XLM"}
 
 
 def load_exported(folder: Path, cfg: TransformerConfig,

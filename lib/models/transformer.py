@@ -2,8 +2,8 @@
 
 One stack covers GPT-2 (causal, pre-LN), BERT (bidirectional, post-LN, segments) and ALBERT
 (factorised embeddings, one shared block). The fields beyond params.yaml's model section (activation,
-LayerNorm eps, an embedding LayerNorm or none, the LM head's shape, RoBERTa's position offset, BERT's
-pooler) let a published BERT, RoBERTa, DistilBERT, ELECTRA or GPT-2 checkpoint load exactly (lib/models/hf.py). Positions are learned, sinusoidal (added to the
+LayerNorm eps, an embedding LayerNorm or none, RoBERTa's position offset, BERT's pooler) let a published
+BERT, RoBERTa, DistilBERT, ELECTRA or GPT-2 checkpoint load exactly (lib/models/hf.py). Positions are learned, sinusoidal (added to the
 embeddings), RoPE (rotating q and k) or ALiBi (a per-head distance bias on the attention scores).
 Attention is torch's scaled_dot_product_attention, so fused kernels are used where they apply.
 """
@@ -39,7 +39,6 @@ class TransformerConfig(ModelConfig):
     activation: str = "gelu"  # of the feed-forward layers and the LM head: gelu (exact) | gelu_tanh
     norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT's checkpoints use 1e-12)
     embedding_norm: bool = True  # LayerNorm after the embeddings (BERT); GPT-2 has none
-    lm_head: str = "mlp"  # see LM_HEADS
     position_offset: int = 0  # learned positions start at this row (RoBERTa: padding_idx + 1 = 2)
     pooler: bool = False  # BERT's pooler (dense + tanh on the [CLS] state), kept when a checkpoint has one
 

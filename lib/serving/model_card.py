@@ -67,6 +67,8 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     hub_task = _hub_task(cls, task is not None)
     if cfg.causal and hub_task == "fill-mask":  # an ESM (which has no causal class) that predicts the next token
         hub_task = None
+    if not cfg.causal and hub_task == "text-generation":  # XLMWithLMHeadModel, a masked LM where bidirectional
+        hub_task = "fill-mask"
     datasets = list(dict.fromkeys([*(before.data.datasets or [] if before else []), *_datasets(stage, params, task)]))
     scores = _eval_results(params, measured, hub_task) if task else None
     data = ModelCardData(

@@ -270,8 +270,10 @@ class SpanQA(TaskType):
     calibrated = True  # SQuAD 2.0's no-answer threshold, picked on dev
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
-    exports = {family: (f"{prefix}ForQuestionAnswering", None, "qa_outputs") for family, prefix in CLASS_PREFIXES.items()
-               if family != "esm"}  # transformers has no EsmForQuestionAnswering
+    # transformers has no EsmForQuestionAnswering; XLMForQuestionAnswering is XLM's beam-search head, its
+    # ...Simple the linear one
+    exports = {family: (f"{prefix}ForQuestionAnswering{'Simple' * (family == 'xlm')}", None, "qa_outputs")
+               for family, prefix in CLASS_PREFIXES.items() if family != "esm"}
     baseline = "overlap_qa"
     baseline_label = "word-overlap QA"
     timed = "one window of {seq_len} tokens per call (a longer context takes several)"
