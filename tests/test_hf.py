@@ -255,14 +255,16 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
     languages = torch.tensor([[0] * 5 + [1] * 4, [2] * 9])
     positions = torch.tensor([[*range(5), *range(4)], [*range(9)]])
     theirs = transformers.XLMWithLMHeadModel.from_pretrained(tmp_path).eval()
-    back = load_model(tmp_path)
+    back, imported = load_model(tmp_path), import_model(tmp_path).model  # as lib wrote it; as init reads it
+    assert imported.cfg.languages == cfg.languages
     with torch.no_grad():
         for extra, hf_extra in (({}, {}), ({"language_ids": languages, "position_ids": positions},
                                           {"langs": languages, "position_ids": positions})):
             ours = model(ids, None, mask, **extra)
             logits = theirs(input_ids=ids, attention_mask=mask.long(), **hf_extra).logits
             assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
-            assert (back(ids, None, mask, **extra) - ours)[mask].abs().max() < TOL
+            for again in (back, imported):
+                assert (again(ids, None, mask, **extra) - ours)[mask].abs().max() < TOL
         assert (model(ids, None, mask, language_ids=languages) - model(ids, None, mask))[mask].abs().max() > 0.01
 
 
