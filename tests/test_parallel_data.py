@@ -345,7 +345,10 @@ def test_a_tlm_model_in_xlms_shape_loads_as_transformers_xlm(chain, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     config = json.loads((folder / "model" / "config.json").read_text())
     assert config["model_type"] == "xlm" and config["lang2id"] == {"en": 0, "de": 1, "fr": 2}
-    assert "pipeline_tag: fill-mask" in (folder / "model" / "README.md").read_text()  # the model card
+    card = (folder / "model" / "README.md").read_text()
+    assert "pipeline_tag: fill-mask" in card and "language:\n- en\n- de\n- fr\n" in card
+    assert "- Languages: en (0), de (1), fr (2); every token adds its language's embedding, chosen by its id " \
+           "(`langs` in `transformers`' XLM). A text given no ids reads as en." in card
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder / "model")
     en, de = (tokenizer(text)["input_ids"] for text in (CAPTION, "Ein Mann in einem blauen Hemd steht auf einer Leiter."))
     ids = torch.tensor([en + de])

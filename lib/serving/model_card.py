@@ -73,7 +73,7 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     scores = _eval_results(params, measured, hub_task) if task else None
     data = ModelCardData(
         license=license, library_name="transformers" if loads else None,
-        base_model=base_model, datasets=datasets or None, pipeline_tag=hub_task,
+        base_model=base_model, datasets=datasets or None, pipeline_tag=hub_task, language=cfg.languages or None,
         tags=[PIPELINE, STAGE_TAGS[stage], *([] if task else [measured["objective"]])],
         model_name=f"{PIPELINE}-{task}-{_role(stage)}" if scores else None, eval_results=scores)
     rows = [*(_training_rows(before.text) if before else []), _training_row(stage, params, measured, upstream)]
@@ -81,7 +81,7 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
                 "## Training\n\n" + _table(TRAINING_HEADER, rows),
                 "## Evaluation\n\n" + _evaluation(stage, params, measured),
                 "## How to use\n\n" + _how_to_use(measured, cls if loads else None),
-                "## Intended use and limits\n\n" + _limits(params, measured, base_model, license is None),
+                "## Intended use and limits\n\n" + _limits(params, measured, base_model, license is None, cfg.languages),
                 "## Provenance\n\n" + _provenance(stage, params)]
     (folder / CARD_FILE).write_text(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n", encoding="utf-8")
 
@@ -219,6 +219,12 @@ def _model_section(cfg: TransformerConfig, m: dict[str, Any], cls: str | None, l
              f"{_count(cfg.n_heads, 'head')}, "
              f"{cfg.position} positions, {cfg.norm}-LN; {m['params']:,} parameters; a vocabulary of "
              f"{cfg.vocab_size:,} tokens."]
+    if cfg.languages:  # XLM's language embeddings: which row is which, and what a text given no id reads
+        rows = ", ".join(f"{code} ({i})" for i, code in enumerate(cfg.languages))
+        read = m.get("language") if m.get("language") in cfg.languages else cfg.languages[0]
+        ids = " (`langs` in `transformers`' XLM)" if cls and cls.startswith("XLM") else ""
+        lines.append(f"- Languages: {rows}; every token adds its language's embedding, chosen by its id{ids}. "
+                     f"A text given no ids reads as {read}.")
     if m.get("task"):
         encoding = m["encoding"]
         fields = " and ".join(f"`{encoding[k]}`" for k in ("text_field", "text_pair_field") if encoding.get(k))
@@ -296,13 +302,15 @@ def _how_to_use(m: dict[str, Any], cls: str | None) -> str:
     return where + "\n\n" + "\n\n".join(f"```python\n{block}\n```" for block in blocks)
 
 
-def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_checkpoint: bool) -> str:
+def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_checkpoint: bool,
+            languages: list[str]) -> str:
     data = "its checkpoint's data and " if from_checkpoint else ""
     labels = " and of its labels" if m.get("task") else ""
     lines = [f"- A demonstration model ({m['params']:,} parameters, trained within the budget params set, which by "
              "default fits a 2-core CPU): for research and teaching, and for comparing training recipes. Not for "
              "production unless you measure it on your own data.",
-             f"- It knows only {data}the text of the data above: English, for the default sources. Other languages "
+             f"- It knows only {data}the text of the data above: "
+             f"{'the languages above' if languages else 'English, for the default sources'}. Other languages "
              "and domains are out of scope.",
              f"- It carries the biases of that data (who wrote it, about what){labels}; its scores hold for the "
              "splits above."]
