@@ -14,7 +14,6 @@ docs/results/README.md ("Pretraining objectives at equal compute", `plm`) has th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lib.config.params import CorpusConfig, Corpora, MLMConfig, ModelConfig, Params  # noqa: E402
-from lib.models.transformer import LM_HEADS, TransformerConfig  # noqa: E402
-from lib.objectives import OBJECTIVES, build_objective  # noqa: E402
+from lib.models.transformer import LM_HEADS  # noqa: E402
+from lib.objectives import build_objective  # noqa: E402
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB, two_sided_rows  # noqa: E402
 
 VARIANTS = {"plm": ("plm", MLMConfig()), "mlm": ("mlm", MLMConfig()),
@@ -37,10 +36,9 @@ def steps_to_context(variant: str, seed: int, cap: int, lm_head: str) -> int | N
     torch.manual_seed(seed)
     corpus = CorpusConfig(source="unused")
     model = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=LENGTH,
-                        position="rope")
+                        position="rope", lm_head=lm_head)
     params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model, mlm=mlm)
-    arch = TransformerConfig.from_params(model, TOY_VOCAB, causal=OBJECTIVES[name].causal)
-    objective = build_objective(name, params, TOY_VOCAB, TOY_SPECIAL, dataclasses.replace(arch, lm_head=lm_head))
+    objective = build_objective(name, params, TOY_VOCAB, TOY_SPECIAL)
     optimizer = torch.optim.Adam(objective.parameters(), lr=3e-3)
     rows = torch.Generator().manual_seed(seed)
     for step in range(1, cap + 1):
