@@ -335,12 +335,14 @@ def tensor_keys(cfg: TransformerConfig, family: str, base: str, head: dict[str, 
     """Each of our tensors -> its checkpoint tensors (several: q, k and v, concatenated along dim 0)."""
     spec = FAMILIES[family]
     names: dict[str, Any] = {k: f"{base}{v}" for k, v in spec.top.items()}
-    for i in range(cfg.n_layers):
-        def layer_name(name: str) -> str:
-            return f"{base}{spec.layers}.{i}.{name}" if spec.layers else f"{base}{name.format(i=i)}"
 
+    def layer_name(i: int, name: str) -> str:
+        return f"{base}{spec.layers}.{i}.{name}" if spec.layers else f"{base}{name.format(i=i)}"
+
+    for i in range(cfg.n_layers):
         for k, v in spec.layer.items():
-            names[f"blocks.{i}.{k}"] = tuple(map(layer_name, v)) if isinstance(v, tuple) else layer_name(v)
+            names[f"blocks.{i}.{k}"] = (tuple(layer_name(i, n) for n in v) if isinstance(v, tuple)
+                                        else layer_name(i, v))
     names.update(head)
     keys = {}
     for target in ours:
