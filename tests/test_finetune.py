@@ -177,6 +177,17 @@ def test_elmo_trains_the_mix_and_the_head_and_never_the_backbone(causal, tmp_pat
     assert not torch.equal(model.mix.scalars.detach(), torch.zeros(3))
 
 
+def test_elmo_without_the_mix_trains_the_same_head_on_the_last_layer(tmp_path):
+    adapted, task = backbone(), toy_task()
+    cfg = dataclasses.replace(CFG, elmo_mix=False)
+    plan = setup("elmo", adapted, 2, cfg)
+    model = plan.model
+    with_mix = setup("elmo", adapted, 2, CFG).model.head_cfg
+    assert model.mix is None and plan.frozen_backbone and model.head_cfg == dataclasses.replace(with_mix, mix=False)
+    trainer = FullTrainer(model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
+    assert {id(p) for group in trainer.groups for p in group} == {id(p) for p in model.head.parameters()}
+
+
 def test_elmo_reports_its_layer_weights_and_saves_its_mix(tmp_path):
     stub_tokenizer_dir(tmp_path / "tok")
     adapted, task = backbone(), toy_task()

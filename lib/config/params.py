@@ -488,6 +488,7 @@ class FinetuneConfig(OptimizerConfig):
     probe_c: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])
     head_hidden: int = 128  # ULMFiT classifier block: concat pool -> norm, dropout, linear, ReLU, norm, dropout, linear
     head_dropout: float = 0.1
+    elmo_mix: bool = True  # elmo; false reads the last layer only: the same head without the mix (ablation)
     aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
     patience: int = 2  # epochs without a better dev score before stopping
     # with `init` set, these values replace the keys above of the same name: a published transformer
