@@ -105,12 +105,18 @@ def test_ctrl_c_ends_a_stage_in_one_line_with_the_shells_exit_code():
     assert done.stderr.strip().splitlines() == [INTERRUPTED]
 
 
+def ctrl_c_reaches_it() -> None:
+    """A child's SIGINT as a terminal's foreground job has it: a suite started as a background job (`cmd &`)
+    has it ignored, and a stage keeps ignoring it there, as it should (the test below)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("stage", STAGE_OUTPUTS)
 def test_ctrl_c_while_a_stage_imports_torch_ends_it_in_one_line(stage, tmp_path):
     """Ctrl-C in a stage's first seconds, before its main() runs: torch alone takes 1-3 s to import."""
     outputs = [arg for option in STAGE_OUTPUTS[stage] for arg in (option, str(tmp_path / option.strip("-")))]
     proc = subprocess.Popen([sys.executable, "-m", f"stages.{stage}", "--params", str(tmp_path / "params.yaml"),
-                             *outputs], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             *outputs], cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
     maps = Path(f"/proc/{proc.pid}/maps")
     while proc.poll() is None and "libtorch" not in maps.read_text():  # torch loads its libraries first
         time.sleep(0.01)
@@ -156,7 +162,7 @@ run_main(main)
 def test_ctrl_c_while_clean_s_worker_pool_runs_ends_it_in_one_line():
     """A terminal's Ctrl-C reaches the whole process group: the pool's workers as well as the stage."""
     proc = subprocess.Popen([sys.executable, "-c", CLEANING_FOREVER], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     try:
         assert proc.stdout.readline() == "cleaning\n"
         os.killpg(proc.pid, signal.SIGINT)
