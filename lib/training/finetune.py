@@ -128,8 +128,8 @@ def setup(variant: str, adapted: Transformer, n_outputs: int, cfg: FinetuneConfi
     if variant == "from_scratch":
         return Setup(Classifier(backbone, token), cfg.scratch_lr, 1.0, plain, unfreeze=False, epochs=cfg.epochs)
     if variant == "elmo":
-        return Setup(Classifier(backbone, dataclasses.replace(concat, mix=cfg.elmo_mix)), cfg.lr, 1.0, plain, unfreeze=False,
-                     epochs=cfg.epochs, frozen_backbone=True)
+        return Setup(Classifier(backbone, dataclasses.replace(concat, mix=cfg.elmo_mix)), cfg.lr, 1.0, plain,
+                     unfreeze=False, epochs=cfg.epochs, frozen_backbone=True)
     raise ValueError(f"unknown variant {variant!r}")
 
 
