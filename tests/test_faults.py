@@ -13,12 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from lib.core import errors
 from lib.core.errors import INTERRUPTED, end_on_ctrl_c, run_main
 from lib.core.io import atomic_dir, write_json
 from lib.training import checkpoint
 from lib.training.checkpoint import load_checkpoint, save_checkpoint
 from lib.training.distributed import full_state
 from tests.helpers import ROOT, read_only_folder
+from tests.test_pipeline import copy_reproduced
 
 
 def disk_full(*args, **kwargs):
@@ -126,8 +128,93 @@ def test_ctrl_c_while_a_stage_imports_torch_ends_it_in_one_line(stage, tmp_path)
     assert stderr.splitlines() == [INTERRUPTED]
 
 
-def test_ctrl_c_is_keyboard_interrupt_again_in_main_and_stays_ignored_where_it_was():
+def started_adapt(repo: Path) -> tuple[subprocess.Popen, float]:
+    """`dvc repro -f -s adapt` in its own process group, once DVC has said it runs the stage, and when."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "adapt"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=ctrl_c_reaches_it)
+    for line in proc.stdout:
+        if line.startswith("Running stage 'adapt'"):
+            return proc, time.monotonic()
+    raise AssertionError(f"dvc repro never ran adapt (exit {proc.wait()})")
+
+
+def adapt_outputs(repo: Path) -> dict[str, bytes]:
+    files = [repo / "dvc.lock", repo / "metrics" / "adapt.json", *sorted((repo / "models" / "adapt").rglob("*"))]
+    return {str(file.relative_to(repo)): file.read_bytes() for file in files if file.is_file()}
+
+
+def test_ctrl_c_anywhere_in_a_stage_s_start_ends_it_and_writes_nothing(reproduced, tmp_path):
+    """Ctrl-C (SIGINT to DVC's process group, as a terminal sends it) at points spread over adapt's start-up
+    and first steps, through `dvc repro`: each time the stage ends with the one line and exit 130, and
+    neither its outputs nor dvc.lock change. The points are shares of this machine's own run of the stage,
+    so they fall in the imports, the opening of the tracked run and the training on any machine; a Ctrl-C
+    that an import swallowed once let the stage train on, write its outputs and DVC its lock."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    proc, started = started_adapt(repo)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    seconds = time.monotonic() - started
+    before = adapt_outputs(repo)
+    for share in (0.02, 0.07, 0.12, 0.18, 0.25, 0.35, 0.5, 0.65):
+        proc, started = started_adapt(repo)
+        time.sleep(max(0.0, started + share * seconds - time.monotonic()))
+        os.killpg(proc.pid, signal.SIGINT)
+        log = proc.communicate(timeout=120)[0]
+        assert proc.returncode != 0, f"at {share:.0%} of the stage: {log}"
+        assert INTERRUPTED in log.splitlines() and "Traceback" not in log, f"at {share:.0%} of the stage: {log}"
+        assert "exited with 130" in log, log
+        assert adapt_outputs(repo) == before, f"at {share:.0%} of the stage, outputs changed: {log}"
+
+
+SWALLOWING = {  # where the Ctrl-C lands: code that catches it and goes on, as some libraries' imports do
+    "an import": "import swallowing_import",
+    "main(), in Python": "try:\n        wait()\n    except BaseException:\n        pass",
+    # C code running Python (PyRun_SimpleString) prints and clears the KeyboardInterrupt, and marks the
+    # interpreter to end itself by SIGINT at exit whatever code it exits with
+    "main(), in C": "ctypes.pythonapi.PyRun_SimpleString(b'from __main__ import wait; wait()')",
+}
+SWALLOWED_CTRL_C = """
+import ctypes, os, sys, time
+from lib.core.errors import end_on_ctrl_c, run_main
+from lib.core.io import write_json
+
+def wait():
+    print("ready", flush=True)
+    time.sleep(60)
+
+def main():
+    {where}
+    write_json(sys.argv[1], {{"done": True}})
+
+end_on_ctrl_c()
+{imports}
+run_main(main)
+"""
+
+
+@pytest.mark.parametrize("where", SWALLOWING)
+def test_a_ctrl_c_that_code_swallows_still_ends_the_stage_and_writes_nothing(where, tmp_path):
+    (tmp_path / "swallowing_import.py").write_text(
+        "from __main__ import wait\ntry:\n    wait()\nexcept BaseException:\n    pass\n")
+    in_import = where == "an import"
+    code = SWALLOWED_CTRL_C.format(where="pass" if in_import else SWALLOWING[where],
+                                   imports=SWALLOWING[where] if in_import else "")
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it,
+                            env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == INTERRUPTED
+    assert not out.exists()
+
+
+def test_ctrl_c_is_keyboard_interrupt_again_in_main_and_stays_ignored_where_it_was(monkeypatch):
     """A pool of clean's workers relies on KeyboardInterrupt; a stage started in the background ignores Ctrl-C."""
+    monkeypatch.setattr(errors, "_interrupted", False)  # restored after the handler below is tried
     before = signal.getsignal(signal.SIGINT)
     seen = []
     try:
@@ -140,7 +227,8 @@ def test_ctrl_c_is_keyboard_interrupt_again_in_main_and_stays_ignored_where_it_w
         run_main(lambda: seen.append(signal.getsignal(signal.SIGINT)))
     finally:
         signal.signal(signal.SIGINT, before)
-    assert seen == [signal.default_int_handler]
+    with pytest.raises(KeyboardInterrupt):
+        seen[0](signal.SIGINT, None)
 
 
 CLEANING_FOREVER = """

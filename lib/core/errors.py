@@ -1,4 +1,5 @@
 """User-facing errors: one line that names the file or key and says what to do."""
+import atexit
 import errno
 import os
 import re
@@ -23,18 +24,21 @@ class UserError(Exception):
 
 def run_main(main) -> None:
     """Call a stage's main(); turn a UserError, a full disk or a denied permission into a one-line
-    message and exit code 2, and Ctrl-C into one line and exit code 130."""
+    message and exit code 2, and Ctrl-C into one line and exit code 130. Once Ctrl-C was pressed the
+    stage ends that way whatever main() did next: a KeyboardInterrupt that some library swallowed (one
+    raised in the middle of its import, say) must not let it train on, write outputs and exit 0."""
     try:
-        if signal.getsignal(signal.SIGINT) is _end_interrupted:  # main() and the libraries see Ctrl-C as usual
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGINT) is _exit_interrupted:  # main() and the libraries see Ctrl-C as usual
+            signal.signal(signal.SIGINT, _interrupt)
         main()
-    except UserError as err:
-        print(f"error: {redact(str(err))}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        _end_interrupted()
-    except OSError as err:
-        message = os_error_line(err)
+        stop_if_interrupted()
+    except BaseException as err:
+        if _interrupted or isinstance(err, KeyboardInterrupt):
+            _end_interrupted()
+        if isinstance(err, UserError):
+            print(f"error: {redact(str(err))}", file=sys.stderr)
+            sys.exit(2)
+        message = os_error_line(err) if isinstance(err, OSError) else None
         if message is None:
             raise
         print(f"error: {redact(message)}", file=sys.stderr)
@@ -42,17 +46,45 @@ def run_main(main) -> None:
 
 
 def end_on_ctrl_c() -> None:
-    """Make Ctrl-C end this process with run_main's line and exit code from now until run_main starts
-    main(): a stage's imports (torch and the like, 1-4 s) would otherwise end in a traceback of whatever
-    module was loading, and a death by SIGINT. Where Ctrl-C is ignored (a process started in the
-    background), it stays ignored."""
+    """Make Ctrl-C end this process at once, with run_main's line and exit code, from now until run_main
+    starts main(): a stage's imports (torch and the like, 1-4 s) would otherwise end in a traceback of
+    whatever module was loading, or, where that module's import-time code catches the exception, go on
+    with a half-imported library. Nothing is written before main(), so nothing is left half-done. Where
+    Ctrl-C is ignored (a process started in the background), it stays ignored."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _end_interrupted)
+        signal.signal(signal.SIGINT, _exit_interrupted)
 
 
-def _end_interrupted(*signal_args) -> None:
-    print(INTERRUPTED, file=sys.stderr)
-    sys.exit(INTERRUPTED_EXIT)
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt again if Ctrl-C was pressed, in case its first one was swallowed: called
+    before an output is put in place, at every progress update and where an error would be passed over."""
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
+_interrupted = False  # set by the first Ctrl-C that run_main's handler sees
+
+
+def _interrupt(*signal_args) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def _exit_interrupted(*signal_args) -> None:
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED_EXIT)  # no exception: none can be caught by the import it interrupts
+
+
+def _end_interrupted() -> None:
+    """Exit 130 after the exit handlers, not through SystemExit: a KeyboardInterrupt that passed through a
+    C extension's embedded Python (MLflow's imports have them) marks the interpreter, which then ends itself
+    by SIGINT at exit whatever code sys.exit gave, and DVC would report a kill instead of Ctrl-C's line."""
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    os._exit(INTERRUPTED_EXIT)
 
 
 def os_error_line(err: OSError) -> str | None:

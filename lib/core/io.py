@@ -21,7 +21,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from lib.core.errors import DENIED, UserError, describe
+from lib.core.errors import DENIED, UserError, describe, stop_if_interrupted
 
 T = TypeVar("T")
 
@@ -82,6 +82,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it owner-only; outputs get the usual permissions
     try:
         yield tmp
+        stop_if_interrupted()  # after Ctrl-C no output is put in place, even where a library swallowed it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -108,6 +109,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        stop_if_interrupted()
         # mkstemp makes it owner-only, and so do some writers (safetensors); outputs get the usual permissions
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)

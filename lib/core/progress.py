@@ -22,6 +22,8 @@ import time
 from collections import defaultdict
 from typing import Callable, Hashable
 
+from lib.core.errors import stop_if_interrupted
+
 
 def duration(seconds: float) -> str:
     """45s, 3m10s, 2h05m: two units at most, so a line's width barely changes over a run."""
@@ -82,7 +84,9 @@ class Progress:
                 f"eta {'?' if eta is None else duration(eta)}")
 
     def update(self, done: int) -> None:
-        """Record `done` and warn, once, when the run will not finish within the limit at this speed."""
+        """Record `done` and warn, once, when the run will not finish within the limit at this speed. After
+        Ctrl-C, raise KeyboardInterrupt: a loop does not go on where a library swallowed the first one."""
+        stop_if_interrupted()
         self.done = done
         eta = self.eta_s()
         if self.warned or self.limit_s is None or eta is None or self.elapsed_s() + eta <= self.limit_s:

@@ -77,7 +77,7 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from lib.config.params import TrackingConfig, flatten
-from lib.core.errors import describe, redact
+from lib.core.errors import describe, redact, stop_if_interrupted
 from lib.core.io import process_alive, project_root
 # No telemetry or network calls from a tool that must work offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -180,6 +180,7 @@ class StageRun:
         try:
             yield
         except Exception as err:
+            stop_if_interrupted()  # an error that a swallowed Ctrl-C caused ends the stage, not tracking
             warn(f"MLflow could not {what} ({describe(err)}); the stage goes on without tracking")
             self.client = None
 
@@ -564,6 +565,7 @@ def stage_run(stage: str, cfg: TrackingConfig, all_params: Any, stage_params: di
         try:
             run = _open_run(stage, cfg, all_params)
         except Exception as err:
+            stop_if_interrupted()
             warn(f"MLflow tracking is off for this stage ({describe(err)}); "
                  f"check MLFLOW_TRACKING_URI or {project_root() / 'mlflow.db'}")
     run.log_params(stage_params)
