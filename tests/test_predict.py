@@ -19,7 +19,7 @@ from lib.data.tokenizer import load_tokenizer, special_ids
 from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier
 from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc, predict_frame
 from lib.tasks.classification import Example, collate
-from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
+from tests.helpers import ROOT, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS
 BAD = json.loads('"bad \\ud800 film"')  # an unpaired surrogate, as JSON can carry one
@@ -88,7 +88,9 @@ def test_any_iterable_of_strings_is_read_once(folders):
     ("tok", lambda clf: None, "not a classifier folder"),
     ("pair", lambda clf: clf.predict(["a premise"]), "pass the second texts as text_pairs="),
     ("single", lambda clf: clf.predict(["a"], text_pairs=["b"]), "leave text_pairs out"),
-    ("single", lambda clf: clf.predict(["fine", None]), "texts[1] is NoneType, not str"),
+    ("single", lambda clf: clf.predict(["fine", None]), "texts[1] is a missing value (None), not str"),
+    ("single", lambda clf: clf.predict(["fine", float("nan")]), "texts[1] is a missing value (nan), not str"),
+    ("single", lambda clf: clf.predict(["fine", 3]), "texts[1] is int, not str"),
     ("single", lambda clf: clf.predict("one text"), "wrap a single text in a list"),
     ("pair", lambda clf: clf.predict(["a", "b"], ["c"]), "2 texts but 1 text_pairs"),
     ("single", lambda clf: clf.predict(["fine", BAD]), r"texts[1] has an unpaired surrogate ('\ud800' at character 4)"),
@@ -140,15 +142,22 @@ def test_predict_imports_and_runs_without_mlflow_or_pandas(folders):
     assert result.stdout.strip() in {str([label]) for label in LABELS}
 
 
-def test_logged_pyfunc_predicts_like_text_classifier_from_the_cli(folders, tmp_path, monkeypatch):
+def logged(folder: Path, tmp_path: Path, monkeypatch) -> str:
+    """The URI of `folder` logged as a pyfunc model into a fresh store in tmp_path."""
     import mlflow
-    import pandas as pd
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     experiment = mlflow.create_experiment("predict", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment):
-        uri = log_pyfunc(folders["single"], "classifier")
+        return log_pyfunc(folder, "classifier")
+
+
+def test_logged_pyfunc_predicts_like_text_classifier_from_the_cli(folders, tmp_path, monkeypatch):
+    import mlflow
+    import pandas as pd
+
+    uri = logged(folders["single"], tmp_path, monkeypatch)
     clf = TextClassifier.load(folders["single"])
 
     loaded = mlflow.pyfunc.load_model(uri)
@@ -169,6 +178,53 @@ def test_logged_pyfunc_predicts_like_text_classifier_from_the_cli(folders, tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     predictions = json.loads((tmp_path / "output.json").read_text())["predictions"]
     assert [row["label"] for row in predictions] == clf.predict(TEXTS)
+
+
+def post(app, path: str, payload: dict) -> tuple[int, dict]:
+    """POST `payload` as JSON to the ASGI `app` in this process, as a client of its server would: the
+    response's status and JSON body."""
+    import asyncio
+
+    request = [{"type": "http.request", "body": json.dumps(payload).encode(), "more_body": False}]
+    sent = []
+
+    async def receive() -> dict:
+        if request:
+            return request.pop()
+        await asyncio.Event().wait()  # the client stays connected until it has the response
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), timeout=60))
+    status = next(message["status"] for message in sent if message["type"] == "http.response.start")
+    return status, json.loads(b"".join(message.get("body", b"") for message in sent
+                                       if message["type"] == "http.response.body"))
+
+
+def test_the_served_model_answers_a_null_or_non_string_text_with_the_one_line(folders, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.pyfunc import scoring_server
+
+    # the app `mlflow models serve` runs, without a port
+    app = scoring_server.init(mlflow.pyfunc.load_model(logged(folders["single"], tmp_path, monkeypatch)))
+    status, body = post(app, "/invocations", {"dataframe_split": {"columns": ["text"], "data": [["fine"]]}})
+    assert status == 200
+    assert [row["label"] for row in body["predictions"]] == TextClassifier.load(folders["single"]).predict(["fine"])
+    hint = "not str; pass strings (convert or drop missing values first)"
+    # a null alone stays None; beside a string, pandas reads it as NaN
+    for data, line in (([[None]], f"model_input['text'][0] is a missing value (None), {hint}"),
+                       ([["fine"], [None]], f"model_input['text'][1] is a missing value (nan), {hint}"),
+                       ([["fine"], [3]], f"model_input['text'][1] is int, {hint}")):
+        status, body = post(app, "/invocations", {"dataframe_split": {"columns": ["text"], "data": data}})
+        assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE" and "stack_trace" not in body
+        # MLflow puts the input before the model's message: "Failed to predict data '<frame>'. \nError: <message>"
+        assert body["message"].startswith("Failed to predict data '") and body["message"].endswith(f"\nError: {line}")
+        assert not any(leak in json.dumps(body) for leak in ("Traceback", str(ROOT), "site-packages", ".py"))
 
 
 def test_log_pyfunc_needs_an_active_run(folders):

@@ -153,8 +153,10 @@ def strings(name: str, values: Iterable[str]) -> list[str]:
     values = list(values)
     for i, value in enumerate(values):
         if not isinstance(value, str):
-            raise UserError(f"{name}[{i}] is {type(value).__name__}, not str; "
-                            "pass strings (convert or drop missing values first)")
+            # pandas reads a JSON null as None, or as NaN in a column that also holds strings: both are missing
+            missing = value is None or (isinstance(value, float) and value != value)
+            what = f"a missing value ({value!r})" if missing else type(value).__name__
+            raise UserError(f"{name}[{i}] is {what}, not str; pass strings (convert or drop missing values first)")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as err:  # a lone surrogate, e.g. from JSON's "\ud800" or a bad decode
@@ -181,13 +183,19 @@ def pyfunc_model_class() -> type:
     """The mlflow.pyfunc.PythonModel that wraps a TextClassifier (built here: mlflow is imported lazily)."""
     import mlflow.pyfunc
     import pandas as pd
+    from mlflow.exceptions import MlflowException
 
     class TextClassifierModel(mlflow.pyfunc.PythonModel):
         def load_context(self, context) -> None:
             self.classifier = TextClassifier.load(context.artifacts[ARTIFACT])
 
         def predict(self, context, model_input, params: dict[str, Any] | None = None):
-            return predict_frame(self.classifier, model_input)
+            try:
+                return predict_frame(self.classifier, model_input)
+            except UserError as err:
+                # `mlflow models serve` answers an MlflowException with its message (INVALID_PARAMETER_VALUE:
+                # HTTP 400), and any other exception with a generic message and the server's traceback
+                raise MlflowException.invalid_parameter_value(str(err)) from None
 
         # MLflow reads predict's input hint when the class is created and warns when it cannot resolve
         # one; this module's hints are postponed strings, so give it the class itself. A DataFrame hint
