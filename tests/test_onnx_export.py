@@ -1,6 +1,7 @@
 """ONNX export of classifier folders: ONNX Runtime gives TextClassifier's probabilities for every head,
 pairs and a causal model, whatever a row is batched with; the int8 copy mostly agrees; faults are
 one line."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from lib.core.errors import UserError
 from lib.evaluation.report import markdown
 from lib.models.classifier import HeadConfig, load_classifier
-from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, ONNX_FILE, OnnxClassifier, export_onnx, to_onnx
+from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, OnnxClassifier, export_onnx, to_onnx
 from lib.serving.predict import TextClassifier
 from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
@@ -24,15 +25,20 @@ MODELS = {"concat": ({}, "concat", True, False),
           "causal": ({"causal": True, "position": "rope", "segment_vocab": 0}, "concat", True, False)}
 
 
+def onnx_file(folder: Path) -> Path:
+    """Where the tests export a classifier folder: beside it (the default place is in the project)."""
+    return folder.with_name(f"{folder.name}.onnx")
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """A classifier folder per MODELS entry, each with its model.onnx (the concat one also int8)."""
+    """A classifier folder per MODELS entry, each exported to its onnx_file (the concat one also int8)."""
     root = tmp_path_factory.mktemp("onnx")
     tok = tiny_tokenizer(root / "tok")
     made = {name: save_tiny_classifier(root / name, tok, pairs, HeadConfig(len(LABELS), features, block, 16, 0.0),
                                        **fields) for name, (fields, features, block, pairs) in MODELS.items()}
     for name, folder in made.items():
-        export_onnx(folder, int8=name == "concat")
+        export_onnx(folder, onnx_file(folder), int8=name == "concat")
     return made
 
 
@@ -44,7 +50,7 @@ def inputs(folder: Path) -> tuple[list[str], list[str] | None]:
 def test_onnx_runtime_gives_text_classifiers_probabilities(folders, name):
     folder = folders[name]
     reference = TextClassifier.load(folder, device="cpu", precision="fp32")
-    onnx = OnnxClassifier.load(folder)
+    onnx = OnnxClassifier.load(folder, onnx_file(folder))
     expected = reference.predict_proba(*inputs(folder))
     assert np.ptp(expected, axis=0).max() > 0.1  # the texts get different probabilities: a constant would not pass
     probabilities = onnx.predict_proba(*inputs(folder), batch_size=3)
@@ -55,7 +61,7 @@ def test_onnx_runtime_gives_text_classifiers_probabilities(folders, name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_padding_in_a_batch_does_not_change_a_rows_probabilities(folders, name):
-    onnx = OnnxClassifier.load(folders[name])
+    onnx = OnnxClassifier.load(folders[name], onnx_file(folders[name]))
     alone = onnx.predict_proba(*inputs(folders[name]), batch_size=1)
     batched = onnx.predict_proba(*inputs(folders[name]), batch_size=len(TEXTS))  # padded to the longest
     np.testing.assert_allclose(batched, alone, atol=1e-5)
@@ -64,7 +70,7 @@ def test_padding_in_a_batch_does_not_change_a_rows_probabilities(folders, name):
 def test_the_graph_takes_any_batch_and_sequence_length(folders):
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(folders["causal"] / ONNX_FILE), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(onnx_file(folders["causal"])), providers=["CPUExecutionProvider"])
     # all three inputs, though this backbone has no segment embeddings: every graph is fed alike
     assert [node.name for node in session.get_inputs()] == list(INPUT_NAMES)
     for batch, length in ((1, 2), (5, MAX_LEN)):
@@ -75,15 +81,15 @@ def test_the_graph_takes_any_batch_and_sequence_length(folders):
 
 
 def test_files_are_written_whole_beside_nothing_else(folders):
-    names = {path.name for path in folders["concat"].iterdir()}
-    assert {ONNX_FILE, f"model{INT8_SUFFIX}"} <= names and not any(".tmp-" in name for name in names)
+    names = {path.name for path in folders["concat"].parent.iterdir()}
+    assert {"concat.onnx", f"concat{INT8_SUFFIX}"} <= names and not any(".tmp-" in name for name in names)
 
 
 def test_int8_copy_is_smaller_and_mostly_agrees_with_fp32(folders):
     folder = folders["concat"]
-    fp32 = OnnxClassifier.load(folder)
-    int8 = OnnxClassifier.load(folder, folder / f"model{INT8_SUFFIX}")
-    assert (folder / f"model{INT8_SUFFIX}").stat().st_size < (folder / ONNX_FILE).stat().st_size
+    fp32 = OnnxClassifier.load(folder, onnx_file(folder))
+    int8 = OnnxClassifier.load(folder, folder.with_name(f"concat{INT8_SUFFIX}"))
+    assert folder.with_name(f"concat{INT8_SUFFIX}").stat().st_size < onnx_file(folder).stat().st_size
     words = " ".join(CORPUS).split()
     texts = [" ".join(words[i % len(words):][:3 + i % 9]) for i in range(200)]
     agreement = (int8.predict_proba(texts).argmax(1) == fp32.predict_proba(texts).argmax(1)).mean()
@@ -93,7 +99,7 @@ def test_int8_copy_is_smaller_and_mostly_agrees_with_fp32(folders):
 def test_a_missing_onnxruntime_is_one_line(folders, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # None: importing it fails
     with pytest.raises(UserError, match=r"^onnxruntime is not installed; pip install 'onnxruntime>=") as err:
-        OnnxClassifier.load(folders["concat"])
+        OnnxClassifier.load(folders["concat"], onnx_file(folders["concat"]))
     assert "\n" not in str(err.value)
 
 
@@ -112,6 +118,36 @@ def test_an_export_failure_is_one_line(folders, monkeypatch):
 def test_a_folder_without_an_onnx_file_is_one_line(folders, tmp_path):
     with pytest.raises(UserError, match="no such ONNX file; write it with python -m lib.serving.onnx_export"):
         OnnxClassifier.load(folders["concat"], tmp_path / "missing.onnx")
+
+
+def tree(root: Path) -> dict[Path, bytes | None]:
+    """Every folder (None) and file (its bytes) under `root`, by relative path."""
+    return {path.relative_to(root): path.read_bytes() if path.is_file() else None for path in root.rglob("*")}
+
+
+def test_without_out_the_command_line_writes_to_exports_and_leaves_the_model_folder_as_it_was(tmp_path, monkeypatch):
+    """A model folder is a DVC stage's output: a file added to it would change what `dvc status` sees."""
+    project = tmp_path / "project"
+    (project / "models" / "distill").mkdir(parents=True)
+    (project / "dvc.yaml").write_text("stages: {}\n")
+    folder = save_tiny_classifier(project / "models" / "distill" / "tiny", tiny_tokenizer(tmp_path / "tok"))
+    before = tree(project)
+    # run from a folder inside the project: the default place is at the project root, not the working folder
+    env = {**{k: v for k, v in os.environ.items() if k != "DVC_ROOT"}, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "lib.serving.onnx_export", str(folder), "--int8"],
+                            cwd=project / "models", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = [project / "exports" / "distill-tiny.onnx", project / "exports" / f"distill-tiny{INT8_SUFFIX}"]
+    assert [line.split(" (")[0] for line in result.stdout.splitlines()] == [f"wrote {path}" for path in exported]
+    after = tree(project)
+    assert {path: data for path, data in after.items() if path.parts[0] != "exports"} == before
+    assert {path for path in after if path.parts[0] == "exports"} == \
+        {Path("exports"), *(path.relative_to(project) for path in exported)}
+    # OnnxClassifier.load reads the file where the export put it by default
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.chdir(project)
+    expected = TextClassifier.load(folder, device="cpu", precision="fp32").predict_proba(TEXTS)
+    np.testing.assert_allclose(OnnxClassifier.load(folder).predict_proba(TEXTS), expected, atol=1e-5)
 
 
 def test_the_command_line_says_one_line_for_a_wrong_folder(tmp_path):
@@ -143,6 +179,7 @@ def test_an_elmo_classifier_exports_with_its_layer_mix(tmp_path):
     tok = tiny_tokenizer(tmp_path / "tok")
     head = HeadConfig(len(LABELS), hidden=16, dropout=0.0, mix=True)
     folder = save_tiny_classifier(tmp_path / "elmo", tok, head=head, causal=True)
-    export_onnx(folder)
+    export_onnx(folder, onnx_file(folder))
     expected = TextClassifier.load(folder, device="cpu", precision="fp32").predict_proba(TEXTS)
-    np.testing.assert_allclose(OnnxClassifier.load(folder).predict_proba(TEXTS, batch_size=3), expected, atol=1e-5)
+    onnx = OnnxClassifier.load(folder, onnx_file(folder))
+    np.testing.assert_allclose(onnx.predict_proba(TEXTS, batch_size=3), expected, atol=1e-5)

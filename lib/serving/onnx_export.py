@@ -9,14 +9,14 @@ per call.
 `OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
 the folder, the same encoding (lib.data.encoding.encode), batching and softmax, so only the forward differs.
 
-    python -m lib.serving.onnx_export models/distill/imdb --int8 --out deploy/imdb.onnx   # and deploy/imdb.int8.onnx
+    python -m lib.serving.onnx_export models/distill/imdb --int8   # exports/distill-imdb.onnx and .int8.onnx
 
     from lib.serving.onnx_export import OnnxClassifier
-    OnnxClassifier.load("models/distill/imdb", "deploy/imdb.onnx").predict(["A wonderful film."])
+    OnnxClassifier.load("models/distill/imdb").predict(["A wonderful film."])   # reads exports/distill-imdb.onnx
 
-Without --out the file goes into the classifier folder. In a folder a DVC stage wrote (models/finetune,
-models/distill) that changes the stage's recorded output, and `dvc repro` would run the stage again:
-write those elsewhere.
+Unless given another (--out, or a file to OnnxClassifier.load), the ONNX file is
+exports/<folder above>-<folder>.onnx at the project root, ignored by git: never inside the classifier
+folder, which a DVC stage wrote (models/finetune, models/distill) and a file added to would change.
 
 Exporter: torch.onnx.export's dynamo exporter, from a strict torch.export graph. The TorchScript
 exporter (dynamo=False) writes the padding mask's torch.eye as a boolean EyeLike node, which ONNX
@@ -41,12 +41,19 @@ import torch
 from torch import nn
 
 from lib.core.errors import UserError, describe, run_main
-from lib.core.io import atomic_file
+from lib.core.io import atomic_file, project_root
 from lib.models.classifier import Classifier, load_classifier
 from lib.serving.predict import TextClassifier
 
-ONNX_FILE, INT8_SUFFIX = "model.onnx", ".int8.onnx"
+EXPORTS, INT8_SUFFIX = "exports", ".int8.onnx"
 INPUT_NAMES, OUTPUT_NAME = ("input_ids", "segment_ids", "attention_mask"), "logits"
+
+
+def default_onnx_file(model_dir: str | Path) -> Path:
+    """Where the ONNX model of the classifier in `model_dir` goes unless told: exports/<folder above>-<folder>.onnx
+    at the project root (exports/distill-imdb.onnx for models/distill/imdb: a teacher and its student differ)."""
+    model_dir = Path(model_dir).resolve()
+    return project_root() / EXPORTS / f"{model_dir.parent.name}-{model_dir.name}.onnx"
 
 
 def onnxruntime() -> Any:
@@ -225,8 +232,9 @@ class OnnxClassifier(TextClassifier):
     def load(cls, model_dir: str | Path, model: bytes | str | Path | None = None,
              threads: int | None = None) -> OnnxClassifier:
         """The classifier in `model_dir` (a finetune or distill folder) with its forward run by ONNX
-        Runtime on `model`: serialized ONNX, or a file (default: model_dir/model.onnx)."""
-        model = Path(model_dir) / ONNX_FILE if model is None else model
+        Runtime on `model`: serialized ONNX, or a file (default: default_onnx_file(model_dir), where
+        export_onnx writes it)."""
+        model = default_onnx_file(model_dir) if model is None else model
         if not isinstance(model, bytes) and not Path(model).is_file():
             raise UserError(f"{model}: no such ONNX file; write it with python -m lib.serving.onnx_export {model_dir}")
         # the folder's checks, tokenizer, labels and encoding are TextClassifier.load's, read once there
@@ -237,10 +245,10 @@ class OnnxClassifier(TextClassifier):
 
 
 def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8: bool = False) -> list[Path]:
-    """Write the classifier in `model_dir` as ONNX to `out_file` (default model_dir/model.onnx) and,
-    with `int8`, its dynamically quantized copy beside it (<name>.int8.onnx); each file is written
+    """Write the classifier in `model_dir` as ONNX to `out_file` (default: default_onnx_file(model_dir))
+    and, with `int8`, its dynamically quantized copy beside it (<name>.int8.onnx); each file is written
     whole or not at all. Returns the files written."""
-    out_file = Path(model_dir) / ONNX_FILE if out_file is None else Path(out_file)
+    out_file = default_onnx_file(model_dir) if out_file is None else Path(out_file)
     exported = folder_to_onnx(Path(model_dir))
     files = {out_file: exported}
     if int8:
@@ -254,8 +262,9 @@ def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="a classifier folder (models/finetune/<task>, models/distill/<task>)")
-    parser.add_argument("--out", type=Path, help=f"the ONNX file (default: <model_dir>/{ONNX_FILE}; for a folder a "
-                        "DVC stage wrote, write elsewhere: a file added there makes dvc repro rerun the stage)")
+    parser.add_argument("--out", type=Path, help=f"the ONNX file (default: {EXPORTS}/<folder above>-<folder>.onnx "
+                        f"at the project root, e.g. {EXPORTS}/distill-imdb.onnx for models/distill/imdb; never inside "
+                        "model_dir, a DVC output that a file added to would change)")
     parser.add_argument("--int8", action="store_true", help=f"also write the int8 copy (<name>{INT8_SUFFIX})")
     args = parser.parse_args()
     for path in export_onnx(args.model_dir, args.out, args.int8):
