@@ -1,11 +1,14 @@
 """params.yaml validation: every mistake stops at start with one line naming the key."""
+import subprocess
+import sys
+
 import pytest
 
 from lib.config import params as params_module
 from lib.config.params import ParamsError, flatten, load_params, read_recipe, recipe_keys, recipe_names
 from lib.objectives import OBJECTIVES, check_objective
 from lib.tasks import check_tasks, task_metrics
-from tests.helpers import write_params
+from tests.helpers import ROOT, write_params
 
 CHECKS = [check_tasks, check_objective]  # every registry check, as the stages together run them
 
@@ -231,6 +234,47 @@ def test_yaml_syntax_error_names_line(tmp_path):
     path.write_text("seed: 1\nclean: {min_chars: 3\n")
     with pytest.raises(ParamsError, match=r"params.yaml: line \d+: not valid YAML"):
         load_params(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("seed: 1\nfinetune:\n  seeds: 3\n  epochs: 2\n  seeds: 5\n",
+     "line 5: finetune.seeds is set twice (lines 3 and 5); keep one"),
+    ("seed: 1\nobjective: mlm\nseed: 2\n", "line 3: seed is set twice (lines 1 and 3); keep one"),
+], ids=["nested", "top-level"])
+def test_a_key_set_twice_is_refused_as_dvc_refuses_it(tmp_path, monkeypatch, text, message):
+    """PyYAML alone keeps the last value; DVC refuses the file. So does load_params, in params.yaml and in
+    a recipe (the same loader), naming the file, the line and the dotted key."""
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert str(info.value) == f"{path} {message}"
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "mine.yaml").write_text(text)
+    monkeypatch.setattr(params_module, "RECIPES", recipes)
+    with pytest.raises(ParamsError) as info:
+        read_recipe("mine")
+    assert str(info.value) == f"{recipes / 'mine.yaml'} {message}"
+
+
+def test_a_merge_key_may_set_a_key_again(tmp_path, monkeypatch):
+    """`<<` merges an anchored mapping whose keys the mapping then overrides: YAML's way, as DVC reads it too."""
+    (tmp_path / "mine.yaml").write_text("pretrain: &p {lr: 0.001, warmup_steps: 5}\nadapt:\n  <<: *p\n  lr: 0.0005\n")
+    monkeypatch.setattr(params_module, "RECIPES", tmp_path)
+    assert read_recipe("mine")[0]["adapt"] == {"lr": 0.0005, "warmup_steps": 5}
+
+
+def test_a_stage_run_by_hand_refuses_a_key_set_twice(tmp_path):
+    """`python -m stages.data --params ...`, as docs/pipeline.md shows: one `error:` line, exit code 2, nothing
+    written."""
+    path = tmp_path / "params.yaml"
+    path.write_text("finetune:\n  seeds: 1\n  epochs: 2\n  seeds: 3\n")
+    done = subprocess.run([sys.executable, "-m", "stages.data", "--params", str(path), "--out", str(tmp_path / "raw"),
+                           "--metrics", str(tmp_path / "m.json")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {path} line 4: finetune.seeds is set twice (lines 2 and 4); keep one"
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]
 
 
 def test_missing_params_file(tmp_path):

@@ -804,13 +804,50 @@ def check_source(source: str, key: str) -> None:
         raise ParamsError(f"{key}: '{source}' names no dataset; write hf:<org>/<name>[/<config>][@<revision>]")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key set twice in one mapping. PyYAML alone keeps the last value,
+    while DVC (ruamel.yaml) refuses the file: a stage run by hand would otherwise run on params that
+    `dvc repro` does not accept."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _refuse_duplicate_keys(node, "", set())
+        return super().construct_document(node)
+
+
+def _refuse_duplicate_keys(node: yaml.Node, key: str, walked: set[int]) -> None:
+    if id(node) in walked:  # an alias of a node already walked (and so no endless walk of a recursive one)
+        return
+    walked.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for name, value in node.value:
+            dotted, line = _join(key, str(name.value)), name.start_mark.line + 1
+            # `<<` merges an anchored mapping, whose keys the mapping may set again: that is an override
+            if isinstance(name, yaml.ScalarNode) and name.tag != "tag:yaml.org,2002:merge":
+                if (name.tag, name.value) in lines:
+                    raise ParamsError(f"{name.start_mark.name} line {line}: {dotted} is set twice "
+                                      f"(lines {lines[name.tag, name.value]} and {line}); keep one")
+                lines[name.tag, name.value] = line
+            _refuse_duplicate_keys(value, dotted, walked)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{key}[{i}]", walked)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML file `path`, read with UniqueKeyLoader: a key set twice is a ParamsError naming the file,
+    the line and the dotted key."""
+    with path.open(encoding="utf-8") as f:
+        return yaml.load(f, UniqueKeyLoader)
+
+
 def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Params], None]] = ()) -> Params:
     """The params of `path`, built and validated section by section, then by `checks`: what the registries
     a stage uses know of the names params choose (lib.tasks.check_tasks, lib.objectives.check_objective).
     Every error is a ParamsError of one line naming the file and the key."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_yaml(path)
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found; run from the project root or pass --params") from None
     except yaml.YAMLError as err:
@@ -845,7 +882,7 @@ def read_recipe(name: Any) -> tuple[dict[str, Any], Path]:
     check_choice(name, names, "recipe")
     file = RECIPES / f"{name}.yaml"
     try:
-        keys = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        keys = read_yaml(file) or {}
     except yaml.YAMLError as err:
         raise ParamsError(f"recipe: {file} is not valid YAML ({getattr(err, 'problem', err)})") from None
     if not isinstance(keys, dict) or "recipe" in keys:
