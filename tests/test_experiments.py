@@ -1,8 +1,12 @@
 """Experiments as a user runs them (`dvc exp run -S ...`) on the tiny project of tests/test_pipeline.py after
-its `dvc repro`: another objective, a published checkpoint, a new task, the shipped task types. Apart from
-test_pipeline.py so that pytest-xdist runs the two modules side by side."""
+its `dvc repro`: another objective, a published checkpoint, a new task, the shipped task types, a name DVC cannot
+save. Apart from test_pipeline.py so that pytest-xdist runs the two modules side by side."""
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -162,3 +166,32 @@ def test_a_recipe_is_one_flag_and_its_keys_change_in_its_file(reproduced, tmp_pa
     assert yaml.safe_load((repo / "params.yaml").read_text())["objective"] == "clm"  # params.yaml's, replaced
     runs = [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == "tiny-mlm"]
     assert runs and {r.data.tags["pipeline.recipe"] for r in runs} == {"tiny-mlm"}
+
+
+def test_a_name_dvc_cannot_save_is_refused_before_any_work(reproduced, tmp_path):
+    """DVC saves an experiment, after its last stage, as a git ref written through the file `<name>.lock`: a
+    name over the file system's limit less 5 bytes (250 on ext4) failed there, the work lost and MLflow's run
+    FINISHED. The first stage refuses it at once, counted in bytes (here 126 characters of 2 bytes), so no run
+    is tracked, no output changes and nothing is saved; a name at the limit is saved. Target `data` (which DVC
+    always runs) and a param it reads: the only work the name could cost here."""
+    repo = copy_reproduced(reproduced, tmp_path)
+    limit = os.pathconf(repo, "PC_NAME_MAX") - len(".lock")
+    too_long, at_limit = "é" * (limit // 2 + 1), "é" * (limit // 2) + "e" * (limit % 2)
+    outputs = ["dvc.lock", "metrics/data.json", "data/raw/wikipedia_en/.source.json"]
+    before = {path: (repo / path).read_bytes() for path in outputs}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    done = subprocess.run(["dvc", "exp", "run", "data", "-S", "corpora.pretrain.max_docs=30", "-n", too_long],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        f"error: experiment name '{too_long[:20]}...' is {2 * len(too_long)} bytes long in UTF-8 ({len(too_long)} "
+        f"characters); DVC can save an experiment only under a name of at most {limit} bytes (its git ref is a "
+        "file of that name); run it again with a shorter name: dvc exp run -n <name>"]
+    assert {path: (repo / path).read_bytes() for path in outputs} == before
+    assert not [r for r in stage_runs(repo) if r.data.tags.get("dvc.exp_name") == too_long]
+    run(repo, "git", "checkout", "--", "params.yaml")
+    run(repo, "dvc", "exp", "run", "data", "-n", at_limit)
+    saved = run(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps/").split()
+    assert [ref.rsplit("/", 1)[1] for ref in saved if ref.count("/") == 4] == [at_limit]

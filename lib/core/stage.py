@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 from lib.config.params import Params, TrainConfig, load_params, recipe_keys, stage_params
 from lib.core import tracking
+from lib.core.errors import UserError
 from lib.core.io import check_writable
 from lib.training import distributed
 
@@ -44,12 +45,30 @@ class Stage:
         return tracking.stage_run(self.name, self.params.tracking, self.params, self.keyed_on)
 
 
+def check_experiment_name() -> None:
+    """Refuse, before any work, an experiment name (DVC_EXP_NAME, set by `dvc exp run`) that DVC could not
+    save. DVC saves an experiment only after its last stage, as the git ref refs/exps/<baseline>/<name>,
+    written as the file <name>.lock and renamed: a name over the file system's limit on a file name (255
+    bytes on ext4) less those 5 bytes fails there, the work done and lost. DVC itself refuses, before any
+    stage, a name that breaks git's other rules for refs."""
+    name = os.environ.get("DVC_EXP_NAME")
+    if not name:
+        return
+    size, limit = len(os.fsencode(name)), os.pathconf(os.environ.get("DVC_ROOT", "."), "PC_NAME_MAX") - len(".lock")
+    if size > limit:
+        chars = f" in UTF-8 ({len(name)} characters)" if len(name) != size else ""
+        raise UserError(f"experiment name '{name[:20]}...' is {size} bytes long{chars}; DVC can save an experiment "
+                        f"only under a name of at most {limit} bytes (its git ref is a file of that name); run it "
+                        "again with a shorter name: dvc exp run -n <name>")
+
+
 def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str],
                checks: Sequence[Callable[[Params], None]] = ()) -> Stage:
     """Parse the command line (`doc`'s first line is its help), check every output writable (one line
     naming the first that is not), and load params.yaml (one line naming a bad key), checked also by
     `checks`: those of the registries the stage uses (lib.tasks.check_tasks for the stages that read
     `tasks`, lib.objectives.check_objective for those that pretrain)."""
+    check_experiment_name()
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     for option, default in {**inputs, **outputs}.items():
