@@ -1,11 +1,13 @@
 """params.yaml validation: every mistake stops at start with one line naming the key."""
+import copy
 import subprocess
 import sys
 
 import pytest
 
 from lib.config import params as params_module
-from lib.config.params import ParamsError, flatten, load_params, read_recipe, recipe_keys, recipe_names
+from lib.config.params import (ParamsError, flatten, load_params, read_recipe, recipe_keys, recipe_line,
+                               recipe_names)
 from lib.objectives import OBJECTIVES, check_objective
 from lib.tasks import check_tasks, task_metrics
 from tests.helpers import ROOT, write_params
@@ -363,6 +365,40 @@ def test_a_recipe_merges_mappings_and_replaces_the_rest(chdir_root, tmp_path, de
     assert params.init == "hf:sentence-transformers/all-MiniLM-L6-v2"
     assert "finetune.seeds" in recipe_keys("cpu-minilm") and "corpora.domain.valid_fraction" not in recipe_keys(
         "cpu-minilm")
+
+
+def test_a_value_this_run_changed_where_the_recipe_sets_the_key_is_refused(chdir_root, tmp_path, default_params):
+    """`dvc exp run -S recipe=cpu-minilm -S finetune.seeds=3` once ran 1 seed while `dvc exp show` said 3. A value
+    changed since the baseline commit (`committed`) that the recipe replaces is refused in one line that says
+    how to set it; one equal to the recipe's, or where the recipe sets nothing, is not."""
+    committed = copy.deepcopy(default_params)
+    default_params["recipe"] = "cpu-minilm"
+    default_params["finetune"].update(seeds=3, epochs=2)  # epochs: the recipe's own value
+    default_params["finetune"]["lr_decay"] = 1.5  # a key the recipe leaves alone
+    default_params["tasks"]["imdb"]["max_len"] = 256
+    path = write_params(tmp_path / "params.yaml", default_params)
+    with pytest.raises(ParamsError) as info:
+        load_params(path, CHECKS, committed)
+    assert str(info.value) == (
+        f"{path}: recipe: this run changes tasks.imdb.max_len=256 (the recipe: 384), finetune.seeds=3 (the recipe: 1), "
+        "which recipe cpu-minilm sets, and a recipe's keys replace params.yaml's; change them in the recipe's file "
+        "instead: dvc exp run -S lib/config/recipes/cpu-minilm.yaml:tasks.imdb.max_len=256 "
+        "-S lib/config/recipes/cpu-minilm.yaml:finetune.seeds=3")
+    default_params["finetune"]["seeds"] = 1
+    default_params["tasks"]["imdb"]["max_len"] = 192  # as committed: the recipe's value replaces it, as it always did
+    params = load_params(write_params(tmp_path / "params.yaml", default_params), CHECKS, committed)
+    assert params.finetune.seeds == 1 and params.tasks["imdb"].max_len == 384 and params.finetune.lr_decay == 1.5
+
+
+def test_a_stage_says_what_its_recipe_changes_and_from_what(chdir_root, default_params):
+    default_params["recipe"] = "cpu-minilm"
+    default_params["finetune"]["seeds"] = 1
+    line = recipe_line(default_params, "params.yaml")
+    assert line.startswith("recipe cpu-minilm (lib/config/recipes/cpu-minilm.yaml) sets over params.yaml: "
+                           "init=hf:sentence-transformers/all-MiniLM-L6-v2 (not null), ")
+    assert "finetune.variants=[plain] (not [ulmfit, plain, from_scratch, frozen])" in line
+    assert "finetune.seeds" not in line  # params.yaml holds the recipe's value already
+    assert recipe_line({**default_params, "recipe": "cpu-demo"}, "params.yaml") is None
 
 
 def test_an_unknown_recipe_suggests_the_closest(chdir_root, tmp_path, default_params):

@@ -4,15 +4,12 @@ save. Apart from test_pipeline.py so that pytest-xdist runs the two modules side
 import csv
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers import ROOT
-from tests.test_pipeline import copy_reproduced, head, run, stage_runs
+from tests.test_pipeline import copy_reproduced, head, run, run_failing, stage_runs
 
 
 @pytest.fixture(scope="module")
@@ -150,16 +147,24 @@ def test_the_shipped_task_types_run_through_the_chain(reproduced, tmp_path):
 
 def test_a_recipe_is_one_flag_and_its_keys_change_in_its_file(reproduced, tmp_path):
     """`-S recipe=<name>` runs the chain with the recipe's keys (here: another objective and a budget), the
-    stages say which keys it sets, MLflow tags the runs with it; a key the recipe sets is changed in the
-    recipe's file with `-S <file>:<key>=<value>`. Stopped after pretrain (target `pretrain`)."""
+    stages say what it changes, MLflow tags the runs with it; a key the recipe sets is changed in the recipe's
+    file with `-S <file>:<key>=<value>`, and `-S <key>=<value>` on it is refused at once: the recipe's value
+    would run while `dvc exp show` recorded the other. Stopped after pretrain (target `pretrain`)."""
     repo = copy_reproduced(reproduced, tmp_path)
     recipe = "lib/config/recipes/tiny-mlm.yaml"
     (repo / recipe).write_text("# a test's recipe\nobjective: mlm\npretrain: {budget_tokens: 5120}\n")
     run(repo, "git", "add", recipe)
     run(repo, "git", "commit", "-qm", "a recipe")
+    refused = run_failing(repo, "dvc", "exp", "run", "pretrain", "-S", "recipe=tiny-mlm", "-S", "objective=electra")
+    assert [line for line in refused.splitlines() if line.startswith("error:")] == [
+        f"error: params.yaml: recipe: this run changes objective=electra (the recipe: mlm), which recipe tiny-mlm sets, "
+        f"and a recipe's keys replace params.yaml's; change them in the recipe's file instead: dvc exp run "
+        f"-S {recipe}:objective=electra"]
+    assert "Running stage 'clean'" not in refused  # refused by the first stage, before any work
+    run(repo, "git", "checkout", "--", "params.yaml")
     out = run(repo, "dvc", "exp", "run", "pretrain", "-S", "recipe=tiny-mlm", "-S", f"{recipe}:pretrain.budget_tokens=2560",
               "-n", "tiny-mlm")
-    assert f"recipe tiny-mlm ({recipe}) sets, over params.yaml: objective, pretrain.budget_tokens" in out
+    assert f"recipe tiny-mlm ({recipe}) sets over params.yaml: objective=mlm (not clm), pretrain.budget_tokens=2560 (not " in out
     assert "Running stage 'clean'" in out and "Running stage 'pretrain'" in out  # every stage reads the recipe
     metrics = json.loads((repo / "metrics/pretrain.json").read_text())
     assert metrics["objective"] == "mlm" and metrics["tokens_seen"] == 2560
@@ -179,12 +184,7 @@ def test_a_name_dvc_cannot_save_is_refused_before_any_work(reproduced, tmp_path)
     too_long, at_limit = "é" * (limit // 2 + 1), "é" * (limit // 2) + "e" * (limit % 2)
     outputs = ["dvc.lock", "metrics/data.json", "data/raw/wikipedia_en/.source.json"]
     before = {path: (repo / path).read_bytes() for path in outputs}
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    done = subprocess.run(["dvc", "exp", "run", "data", "-S", "corpora.pretrain.max_docs=30", "-n", too_long],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode != 0
+    out = run_failing(repo, "dvc", "exp", "run", "data", "-S", "corpora.pretrain.max_docs=30", "-n", too_long)
     assert [line for line in out.splitlines() if line.startswith("error:")] == [
         f"error: experiment name '{too_long[:20]}...' is {2 * len(too_long)} bytes long in UTF-8 ({len(too_long)} "
         f"characters); DVC can save an experiment only under a name of at most {limit} bytes (its git ref is a "

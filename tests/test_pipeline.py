@@ -95,11 +95,22 @@ def tiny_params(repo: Path) -> None:
 
 
 def run(repo: Path, *args: str) -> str:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    done = command(repo, *args)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout + done.stderr
+
+
+def run_failing(repo: Path, *args: str) -> str:
+    """The output of a command that must fail (and so not run to the end)."""
+    done = command(repo, *args)
+    assert done.returncode != 0, f"{' '.join(args)} did not fail:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def command(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
 
 
 def tiny_repo(base: Path) -> tuple[Path, str]:

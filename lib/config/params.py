@@ -29,6 +29,7 @@ YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
 # a task's or a parallel corpus's name is a folder and file name of its outputs
 FOLDER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 RECIPES = Path(__file__).resolve().parent / "recipes"  # a named recipe is RECIPES/<name>.yaml
+NOT_SET = object()  # a key a params mapping lacks, where a missing key and null differ
 
 
 class ParamsError(UserError):
@@ -834,17 +835,20 @@ def _refuse_duplicate_keys(node: yaml.Node, key: str, walked: set[int]) -> None:
             _refuse_duplicate_keys(item, f"{key}[{i}]", walked)
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: str | Path) -> Any:
     """The YAML file `path`, read with UniqueKeyLoader: a key set twice is a ParamsError naming the file,
     the line and the dotted key."""
-    with path.open(encoding="utf-8") as f:
+    with Path(path).open(encoding="utf-8") as f:
         return yaml.load(f, UniqueKeyLoader)
 
 
-def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Params], None]] = ()) -> Params:
+def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Params], None]] = (),
+                committed: dict[str, Any] | None = None) -> Params:
     """The params of `path`, built and validated section by section, then by `checks`: what the registries
     a stage uses know of the names params choose (lib.tasks.check_tasks, lib.objectives.check_objective).
-    Every error is a ParamsError of one line naming the file and the key."""
+    With `committed`, the file as the run's baseline commit has it, a value changed since then where the
+    recipe sets the key is refused (check_recipe_keeps). Every error is a ParamsError of one line naming
+    the file and the key."""
     path = Path(path)
     try:
         raw = read_yaml(path)
@@ -857,6 +861,8 @@ def load_params(path: str | Path = "params.yaml", checks: Sequence[Callable[[Par
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping of sections at the top level")
     try:
+        if committed is not None:
+            check_recipe_keeps(raw, committed)
         raw, recipe_file = apply_recipe(raw)
     except ParamsError as err:
         raise ParamsError(f"{path}: {err}") from None
@@ -899,8 +905,46 @@ def apply_recipe(raw: dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
 
 
 def recipe_keys(name: str) -> list[str]:
-    """The dotted keys recipe `name` sets, for the line a stage prints about it."""
+    """The dotted keys recipe `name` sets."""
     return sorted(flatten(read_recipe(name)[0]))
+
+
+def recipe_changes(raw: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (params.yaml's value, the recipe's)} for each key whose value params.yaml's recipe
+    changes; params.yaml's value is NOT_SET where the file lacks the key."""
+    current = flatten(raw)
+    return {key: (current.get(key, NOT_SET), value) for key, value in flatten(read_recipe(
+        raw.get("recipe", Params.recipe))[0]).items() if current.get(key, NOT_SET) != value}
+
+
+def check_recipe_keeps(raw: dict[str, Any], committed: dict[str, Any]) -> None:
+    """Refuse a value of params.yaml that differs from `committed` (the file as the run's baseline commit
+    has it: what `dvc exp run -S` or a hand edit changed) where the recipe sets the key: the recipe's value
+    would replace it unseen, while `dvc exp show` records the value asked for."""
+    before = flatten(committed)
+    asked = {key: values for key, values in recipe_changes(raw).items() if values[0] != before.get(key, NOT_SET)}
+    if asked:
+        name = raw.get("recipe", Params.recipe)
+        said = ", ".join(f"{key}={_shown(mine)} (the recipe: {_shown(theirs)})" for key, (mine, theirs) in asked.items())
+        settings = " ".join(f"-S lib/config/recipes/{name}.yaml:{key}={_shown(mine)}" for key, (mine, _) in asked.items())
+        raise ParamsError(f"recipe: this run changes {said}, which recipe {name} sets, and a recipe's keys replace "
+                          f"params.yaml's; change them in the recipe's file instead: dvc exp run {settings}")
+
+
+def recipe_line(raw: dict[str, Any], path: str | Path) -> str | None:
+    """What params.yaml's recipe changes, in one line for a stage to print (None where it changes nothing)."""
+    changes = recipe_changes(raw)
+    if not changes:
+        return None
+    name = raw.get("recipe", Params.recipe)
+    said = ", ".join(f"{key}={_shown(theirs)}" + ("" if mine is NOT_SET else f" (not {_shown(mine)})")
+                     for key, (mine, theirs) in changes.items())
+    return f"recipe {name} (lib/config/recipes/{name}.yaml) sets over {path}: {said}"
+
+
+def _shown(value: Any) -> str:
+    """A value as `-S` and params.yaml write it: YAML's flow style on one line."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

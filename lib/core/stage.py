@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
-from lib.config.params import Params, TrainConfig, load_params, recipe_keys, stage_params
+import yaml
+
+from lib.config.params import Params, TrainConfig, load_params, read_yaml, recipe_line, stage_params
 from lib.core import tracking
 from lib.core.errors import UserError
 from lib.core.io import check_writable
@@ -75,9 +78,22 @@ def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, s
         parser.add_argument(f"--{option.replace('_', '-')}", type=Path, default=Path(default))
     args = parser.parse_args()
     check_writable(*(getattr(args, option) for option in outputs))
-    params = load_params(args.params, checks)
-    keys = recipe_keys(params.recipe)
-    if keys and os.environ.get("RANK", "0") == "0":  # said once: a key a recipe sets is changed in the recipe
-        print(f"recipe {params.recipe} (lib/config/recipes/{params.recipe}.yaml) sets, over {args.params}: "
-              f"{', '.join(keys)}", flush=True)
+    params = load_params(args.params, checks, committed_params(args.params))
+    line = recipe_line(read_yaml(args.params), args.params)
+    if line and os.environ.get("RANK", "0") == "0":  # said once, not by every rank
+        print(line, flush=True)
     return Stage(name, args, params, stage_params(params, name))
+
+
+def committed_params(path: Path) -> dict[str, Any] | None:
+    """The params file as the run's baseline commit has it (the experiment's under `dvc exp run`, else
+    HEAD): what tells the values `-S` or a hand edit changed. None where git has no such file (a params
+    file outside the checkout, no git) or it is not a mapping."""
+    rev, path = os.environ.get("DVC_EXP_BASELINE_REV") or "HEAD", Path(path).resolve()
+    try:
+        shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{rev}:./{path.name}"], capture_output=True,
+                               text=True, timeout=30)
+        committed = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, yaml.YAMLError):
+        return None
+    return committed if isinstance(committed, dict) else None
