@@ -269,6 +269,22 @@ def test_a_local_file_that_cannot_be_read_is_named_not_its_copy(tmp_path):
         read_all(params_for(tmp_path, tmp_path / "mirror", sst2=str(local)), tmp_path / "raw")
 
 
+def test_a_semicolon_separated_local_csv_is_read_so_and_said_naming_the_users_file(tmp_path, capsys):
+    """The data stage reads the user's file (to count its rows) before its copy: the delimiter is said of it."""
+    tiny_mirror(tmp_path / "mirror")
+    local = tmp_path / "reviews"
+    local.mkdir()
+    for split in ("train", "test"):
+        (local / f"{split}.csv").write_text("text;label\ngood, really good;1\nbad;0\n")
+    params = params_for(tmp_path, tmp_path / "mirror", sst2=str(local))
+    assert read_all(params, tmp_path / "raw")[raw_name(str(local), "k")]["rows"] == {"test": 2, "train": 2}
+    assert (f"tasks.sst2.source: '{local / 'train.csv'}' is semicolon-separated, not comma-separated "
+            "(its first line is 'text;label'); read so") in capsys.readouterr().out
+    source = localize(params, tmp_path / "raw").tasks["sst2"].source
+    assert list(read_records(source, "train", "k")) == [{"text": "good, really good", "label": 1},
+                                                        {"text": "bad", "label": 0}]
+
+
 def test_no_network_and_no_copy_is_one_line_before_anything_is_read(tmp_path, monkeypatch):
     """Offline without HF_HUB_OFFLINE set: the hub's first answer fails, and no source is read yet."""
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):

@@ -2,13 +2,14 @@
 import gzip
 import json
 import re
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from lib.core.errors import UserError
-from lib.data.sources import list_splits, read_rows, read_texts
+from lib.data.sources import drop_undecodable, list_splits, read_rows, read_texts
 from tests.helpers import SHARED_DATA, write_jsonl_gz
 
 
@@ -158,3 +159,72 @@ def test_hub_path_with_locally_built_dataset(tmp_path):
 def test_unreachable_hub_dataset_is_one_line():
     with pytest.raises(UserError, match=r"tasks.x.source: cannot load 'hf:no_such_dataset_here'"):
         list_splits("hf:no_such_dataset_here", "tasks.x.source")
+
+
+def test_a_semicolon_separated_csv_is_read_so_and_said_once(tmp_path, capsys):
+    """As a spreadsheet saves it where the decimal mark is a comma; its texts hold commas."""
+    (tmp_path / "train.csv").write_text('review;sentiment\ngood, really good;positive\n"bad; awful";negative\n')
+    for _ in range(2):  # every stage reads a split more than once: the delimiter is said once
+        assert list(read_rows(str(tmp_path), "train", {"text": "review", "label": "sentiment"}, "tasks.x.source")) == [
+            {"text": "good, really good", "label": "positive"}, {"text": "bad; awful", "label": "negative"}]
+    assert capsys.readouterr().out == (f"tasks.x.source: '{tmp_path / 'train.csv'}' is semicolon-separated, not "
+                                       "comma-separated (its first line is 'review;sentiment'); read so\n")
+
+
+@pytest.mark.parametrize("name, text", [("train.tsv", "text|label\na|1\nb, c|0\n"),
+                                        ("train.csv.gz", "text\tlabel\na\t1\nb; c\t0\n")])
+def test_a_tsv_or_gzipped_csv_of_another_delimiter_is_read_so(tmp_path, capsys, name, text):
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    assert list(read_rows(str(tmp_path), "train", {"text": "text", "label": "label"}, "k")) == [
+        {"text": "a", "label": 1}, {"text": text.split("\n")[2][:4], "label": 0}]
+    assert "-separated, not" in capsys.readouterr().out
+
+
+def test_a_comma_csv_whose_texts_hold_other_delimiters_stays_comma_separated(tmp_path, capsys):
+    (tmp_path / "train.csv").write_text("text,label\na; b; c|d,1\n\"e, f; g\",0\nh\tj;,1\n")
+    assert [r["text"] for r in read_rows(str(tmp_path), "train", {"text": "text"}, "k")] == ["a; b; c|d", "e, f; g",
+                                                                                            "h\tj;"]
+    (tmp_path / "train.csv").write_text("text\nsolo; one\nsolo; two\n")  # one column: nothing splits its header
+    assert [r["text"] for r in read_rows(str(tmp_path), "train", {"text": "text"}, "k")] == ["solo; one", "solo; two"]
+    assert capsys.readouterr().out == ""
+
+
+def test_a_csv_that_parses_by_no_delimiter_is_one_line_showing_its_first_line(tmp_path, capfd):
+    """The sniffer finds no delimiter that splits the first line: comma-separated it is, and the row with an
+    unquoted comma stops the read in one line, not in pandas' alone ("Expected 1 fields in line 3, saw 2")."""
+    (tmp_path / "train.csv").write_text("text\nfine\nhello, world\n")
+    with pytest.raises(UserError) as info:
+        list(read_texts(str(tmp_path), "train", "text", "tasks.x.source"))
+    assert str(info.value).startswith(f"tasks.x.source: '{tmp_path / 'train.csv'}' does not parse as comma-separated "
+                                      "(ParserError: ") and "its first line is 'text': " in str(info.value)
+    assert "\n" not in str(info.value) and capfd.readouterr().err == ""  # nor `datasets`' own log line
+
+
+def test_undecodable_rows_are_dropped_and_counted(tmp_path):
+    """A Latin-1 file: its rows with accents are what decoding mangled; the others are kept as they are."""
+    (tmp_path / "train.csv").write_bytes("text,label\ncafé,1\nplain,0\nfine,1\nalso fine,0\n".encode("latin-1"))
+    skipped = Counter()
+    rows = list(drop_undecodable(read_rows(str(tmp_path), "train", {"text": "text"}, "k"), str(tmp_path), "train",
+                                 "k", skipped))
+    assert [r["text"] for r in rows] == ["plain", "fine", "also fine"] and skipped == {"undecodable": 1}
+
+
+def test_a_replacement_character_in_a_utf8_file_is_the_texts_own_and_kept(tmp_path):
+    write_jsonl_gz(tmp_path / "train.jsonl.gz", [{"text": "copied from a mangled page \ufffd"}, {"text": "plain"}])
+    skipped = Counter()
+    rows = list(drop_undecodable(read_rows(str(tmp_path), "train", {"text": "text"}, "k"), str(tmp_path), "train",
+                                 "k", skipped))
+    assert len(rows) == 2 and not skipped
+
+
+def test_a_file_mostly_undecodable_is_one_line_naming_it_and_the_fix(tmp_path):
+    lines = [{"text": "« %d »" % i, "words": ["ok", "é"]} for i in range(3)] + [{"text": "ascii", "words": ["ok"]}]
+    (tmp_path / "train.jsonl").write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines)
+                                           .encode("latin-1"))
+    with pytest.raises(UserError, match=rf"^tasks.x.source: '{re.escape(str(tmp_path / 'train.jsonl'))}' is not UTF-8: "
+                                        r"3 of 4 rows of split 'train' hold bytes that do not decode; re-save the "
+                                        r"source's train.jsonl as UTF-8 \(from Latin-1: iconv -f latin1 -t utf-8 "
+                                        r"train.jsonl > utf8.jsonl, then replace train.jsonl with utf8.jsonl\)"):
+        list(drop_undecodable(read_rows(str(tmp_path), "train", {"words": "words"}, "k"), str(tmp_path), "train",
+                              "tasks.x.source", Counter()))

@@ -7,19 +7,28 @@ In a folder, a file's split is its name up to the first dot (`train.jsonl.gz` ->
 hidden files are skipped); a single file is split `train`.
 A .json file holds JSON Lines or one array of objects; a CSV or TSV file's first line names its fields,
 and a field with the delimiter, a quote or a line break in it is quoted ("a, b"), as spreadsheets write
-it. Rows are streamed, never loaded whole, and fields are mapped by name. The stages read local folders
-only: the `data` stage (lib/data/raw.py) reads hub sources into data/raw first.
+it. A CSV or TSV file whose first line is one field by its suffix's delimiter is read with the delimiter
+that spreadsheets would guess (`delimiter`), which is said in one line. Rows are streamed, never loaded
+whole, and fields are mapped by name. The stages read local folders only: the `data` stage
+(lib/data/raw.py) reads hub sources into data/raw first.
 
 Undecodable bytes in a text file become U+FFFD instead of stopping the read; the clean stage then
-drops those documents and counts them as `undecodable`.
+drops those documents and counts them as `undecodable`, and a task's rows holding them are dropped and
+counted by `drop_undecodable`.
 """
 from __future__ import annotations
 
+import codecs
+import csv
+import functools
+import gzip
+import logging
 import re
-from collections import defaultdict
+import zlib
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from lib.config.params import HUB_PREFIX, LOCAL_SUFFIXES
 from lib.core.errors import UserError, describe
@@ -28,6 +37,11 @@ from lib.core.errors import UserError, describe
 FORMATS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
 SHARD_SUFFIX = re.compile(r"-\d+(-of-\d+)?$")
 READ_BATCH = 1000
+# a CSV or TSV file's delimiter by its suffix, and those it may turn out to use, as spreadsheets guess them
+DELIMITERS = {".csv": ",", ".tsv": "\t"}
+DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+SNIFF_LINES, SNIFF_BYTES = 20, 64 * 1024  # how much of a file's start decides its delimiter
+REPLACEMENT = "\ufffd"  # what decoding puts in place of bytes that are not UTF-8
 
 
 def data_suffix(path: Path) -> str | None:
@@ -119,10 +133,12 @@ def _open(source: str, split: str, key: str):
     files = local_files(source, key)
     if split not in files:
         raise UserError(f"{key}: split '{split}' not in '{source}' (it has: {', '.join(sorted(files))})")
+    # `datasets`' readers log an error before raising it; _batches raises it as the one line instead
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
     builder = _format(data_suffix(Path(files[split][0])))
     options = {}
-    if builder == "tsv":
-        builder, options = "csv", {"sep": "\t"}
+    if builder in ("csv", "tsv"):
+        builder, options = "csv", {"sep": delimiter(files[split][0], key)}
     if builder != "parquet":
         # `json` decodes with errors='replace' only for an encoding other than the literal "utf-8",
         # so "utf8" (the same codec) is how undecodable bytes become U+FFFD instead of an exception.
@@ -140,7 +156,125 @@ def _batches(source: str, split: str, key: str) -> Iterator[dict[str, list]]:
     except StopIteration:  # how datasets' json reader reports a file without a single row
         return
     except Exception as err:
-        raise UserError(f"{key}: cannot read {_shown_split(source, split, key)} ({describe(err)})") from None
+        from pandas.errors import ParserError  # what `datasets`' CSV reader raises on a row of other fields
+
+        shown = _shown_split(source, split, key)
+        if isinstance(err, ParserError):
+            first = local_files(source, key)[split][0]
+            name = DELIMITER_NAMES[delimiter(first, key)]
+            raise UserError(f"{key}: {shown} does not parse as {name}-separated ({describe(err)}); its first line is "
+                            f"{_first_lines(first)[0][:120]!r}: separate the fields by one of , ; tab |, and quote a "
+                            "field that holds it (\"a, b\")") from None
+        raise UserError(f"{key}: cannot read {shown} ({describe(err)})") from None
+
+
+def delimiter(path: str, key: str) -> str:
+    """The field delimiter of CSV or TSV file `path`: its suffix's, unless that leaves its first line one
+    field and csv.Sniffer, restricted to DELIMITER_NAMES, finds on its first lines another that splits it,
+    as spreadsheets guess; the first use of another is said in one printed line naming `key` and the file."""
+    return _delimiter(path, key, _version(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _delimiter(path: str, key: str, version: tuple[int, int]) -> str:
+    """delimiter's, once per version of the file: it is asked at every read of a split."""
+    expected = DELIMITERS[data_suffix(Path(path)).removesuffix(".gz")]
+    lines = _first_lines(path)
+    if _field_count(lines[0], expected) > 1:
+        return expected
+    try:
+        found = csv.Sniffer().sniff("\n".join(lines), delimiters="".join(DELIMITER_NAMES)).delimiter
+    except csv.Error:  # one column, or no delimiter it could tell: the suffix's, and a parse error names the file
+        return expected
+    if found == expected or _field_count(lines[0], found) < 2:
+        return expected
+    print(f"{key}: '{path}' is {DELIMITER_NAMES[found]}-separated, not {DELIMITER_NAMES[expected]}-separated "
+          f"(its first line is {lines[0][:120]!r}); read so", flush=True)
+    return found
+
+
+def _version(path: str) -> tuple[int, int]:
+    """(size, modification time) of a file: what the answers cached about it are kept for."""
+    stat = Path(path).stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _first_lines(path: str) -> list[str]:
+    """The first SNIFF_LINES whole lines of a (gzipped) text file, within its first SNIFF_BYTES (at least one)."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    if len(head) == SNIFF_BYTES and len(lines) > 1:
+        lines.pop()  # cut short by the byte limit
+    return lines[:SNIFF_LINES] or [""]
+
+
+def _field_count(line: str, separator: str) -> int:
+    return len(next(csv.reader([line], delimiter=separator), []))
+
+
+def drop_undecodable(rows: Iterable[dict[str, Any]], source: str, split: str, key: str,
+                     skipped: Counter) -> Iterator[dict[str, Any]]:
+    """`rows`, read from `split` of `source`, less those in which decoding put U+FFFD for bytes that are
+    not UTF-8, counted in skipped["undecodable"] once all are read (only where some are). A U+FFFD in a
+    split whose files are UTF-8 throughout is the text's own, and kept. Raises UserError naming `key`
+    and the file when more than half of the rows are dropped: the file is in another encoding, and what
+    is left is not the data it holds."""
+    total = dropped = 0
+    mangled: list[str] | None = None  # the split's files that are not UTF-8, looked for at the first U+FFFD
+    for row in rows:
+        total += 1
+        if _holds_replacement(row):
+            mangled = not_utf8(source, split, key) if mangled is None else mangled
+            if mangled:
+                dropped += 1
+                continue
+        yield row
+    if dropped:
+        skipped["undecodable"] += dropped
+    if dropped * 2 > total:
+        name = Path(mangled[0]).name
+        converted = "utf8" + data_suffix(Path(name))
+        fix = (f"zcat {name} | iconv -f latin1 -t utf-8 | gzip > {converted}" if name.endswith(".gz")
+               else f"iconv -f latin1 -t utf-8 {name} > {converted}")
+        raise UserError(f"{key}: '{mangled[0]}' is not UTF-8: {dropped} of {total} rows of split '{split}' hold bytes "
+                        f"that do not decode; re-save the source's {name} as UTF-8 (from Latin-1: {fix}, then "
+                        f"replace {name} with {converted}) and run again")
+
+
+def _holds_replacement(value: Any) -> bool:
+    """Whether a text in `value` (a row, or a field's text, list or mapping of them) holds U+FFFD."""
+    if isinstance(value, str):
+        return REPLACEMENT in value
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list):
+        return False
+    return any(_holds_replacement(v) for v in value)
+
+
+def not_utf8(source: str, split: str, key: str) -> list[str]:
+    """The files of `split` of local `source` whose bytes are not all UTF-8 (those of a hub source, and
+    Parquet files, which are not decoded, are not looked at)."""
+    if source.startswith(HUB_PREFIX):
+        return []
+    files = [path for path in local_files(source, key)[split] if _format(data_suffix(Path(path))) != "parquet"]
+    return [path for path in files if not _is_utf8(path, _version(path))]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_utf8(path: str, version: tuple[int, int]) -> bool:
+    """Whether (gzipped) file `path` (at `version`) decodes as UTF-8 throughout; a file that can not be read to
+    its end is not (reading its rows says why)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except (UnicodeDecodeError, OSError, EOFError, zlib.error):
+        return False
+    return True
 
 
 def _shown_split(source: str, split: str, key: str) -> str:

@@ -11,8 +11,9 @@ with max_train (runs with different training sizes are compared on the same dev)
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from torch import nn
 
 from lib.config.params import EvaluateConfig, ParamsError, TaskConfig
 from lib.core.errors import UserError
-from lib.data.sources import read_rows, split_columns
+from lib.data.sources import drop_undecodable, read_rows, split_columns
 
 UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)
 
@@ -148,8 +149,8 @@ class TaskType:
 
     # reading -------------------------------------------------------------------------------------
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list, dict[str, int]]:
-        """(items, skipped rows by reason) of `split`; `train`: the train split's items when reading an
-        evaluation split."""
+        """(items, skipped rows by reason) of `split`, its rows read by `read_split` (which drops and counts those
+        that did not decode); `train`: the train split's items when reading an evaluation split."""
         raise NotImplementedError
 
     def hash_text(self, item: Any) -> str:
@@ -358,12 +359,15 @@ def _spelling(name: str) -> str:
     return "".join(ch for ch in name.casefold() if ch.isalnum())
 
 
-def read_split(cfg: TaskConfig, split: str, key: str, fields: dict[str, str], also: Sequence[str] = ()):
+def read_split(cfg: TaskConfig, split: str, key: str, fields: dict[str, str], skipped: Counter,
+               also: Sequence[str] = ()) -> Iterator[dict[str, Any]]:
     """The rows of `split` with `fields` (our name -> the params key that names the source field) and
-    the source fields `also` under their own names."""
-    return read_rows(cfg.source, split, {**{ours: getattr(cfg, which) for ours, which in fields.items()},
+    the source fields `also` under their own names: every task row any stage reads. Those whose bytes
+    were not UTF-8 are dropped and counted in `skipped` (drop_undecodable: a split mostly so stops)."""
+    rows = read_rows(cfg.source, split, {**{ours: getattr(cfg, which) for ours, which in fields.items()},
                                          **{name: name for name in also}}, key,
                      field_keys={ours: f"{key}.{which}" for ours, which in fields.items()})
+    return drop_undecodable(rows, cfg.source, split, f"{key}.source", skipped)
 
 
 def move(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

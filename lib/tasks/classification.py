@@ -13,6 +13,7 @@ Read and selected as lib/tasks/base.py's `select` reads every type:
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -22,11 +23,10 @@ import torch.nn.functional as F
 from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.encoding import encode, padded
-from lib.data.sources import read_rows
 from lib.evaluation.baselines import tfidf_baseline
 from lib.evaluation.metrics import compute_metrics, confusion_matrix
 from lib.models.hf import SEQUENCE_CLASSIFIERS
-from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, smallest_hashes, text_hash
+from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, read_split, smallest_hashes, text_hash
 
 
 @dataclass
@@ -71,14 +71,13 @@ def read_unlabeled(cfg: TaskConfig, split: str, limit: int | None, exclude: set[
 
 def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[str, int],
                 labeled: bool = True) -> list[Row]:
-    """The rows of `split` that have text (both texts of a pair); the others are counted in `skipped`.
-    labeled=False reads the texts only, each with the label UNLABELED."""
-    fields = {"a": cfg.text_field, **({"label": cfg.label_field} if labeled else {})}
+    """The rows of `split` that decoded and have text (both texts of a pair); the others are counted in
+    `skipped` under `role`. labeled=False reads the texts only, each with the label UNLABELED."""
+    fields = {"a": "text_field", **({"label": "label_field"} if labeled else {})}
     if cfg.text_pair_field is not None:
-        fields["b"] = cfg.text_pair_field
-    rows, empty = [], 0
-    field_keys = {"a": f"{key}.text_field", "b": f"{key}.text_pair_field", "label": f"{key}.label_field"}
-    for row in read_rows(cfg.source, split, fields, key, field_keys=field_keys):
+        fields["b"] = "text_pair_field"
+    rows, empty, undecodable = [], 0, Counter()
+    for row in read_split(cfg, split, key, fields, undecodable):
         for out, field in (("a", cfg.text_field), ("b", cfg.text_pair_field)):
             value = row.get(out)
             if value is not None and not isinstance(value, str):
@@ -90,6 +89,7 @@ def _read_split(cfg: TaskConfig, split: str, role: str, key: str, skipped: dict[
             empty += 1
             continue
         rows.append(Row(row["a"], row.get("b"), _stripped(row["label"]) if labeled else UNLABELED))
+    skipped.update({f"{role}.{reason}": n for reason, n in undecodable.items()})
     skipped[f"{role}.empty_text"] = empty
     if not rows:
         raise UserError(f"{key}.text_field: split '{split}' has no row with text ({empty} empty)")
@@ -187,7 +187,7 @@ class Classification(TaskType):
         them -1) is unlabeled: no items; otherwise each of its labels must be a train label (label_ids)."""
         skipped: dict[str, int] = {}
         rows = _read_split(cfg, split, "split", key, skipped)
-        counts = {"empty_text": skipped["split.empty_text"]}
+        counts = {reason.removeprefix("split."): n for reason, n in skipped.items()}
         if train is not None and all(_unlabeled(row.label) for row in rows):
             return [], {**counts, "unlabeled": len(rows)}
         return rows, counts

@@ -130,11 +130,12 @@ class MultipleChoice(TaskType):
              "throughput in sequences/s (÷ {n} for questions/s)")
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
+        undecodable = Counter()
         rows = read_split(cfg, split, key, {"context": "text_field", "endings": "text_pair_field",
-                                            "label": "label_field"})
+                                            "label": "label_field"}, undecodable)
         items, skipped = read_rows(rows, None if train is None else len(train[0].endings), context_field="context",
                                    endings_field="endings", label_field="label")
-        return items, dict(skipped)
+        return items, {**undecodable, **skipped}
 
     def hash_text(self, item: Question) -> str:
         return "\t".join([item.context, *item.endings])

@@ -132,9 +132,10 @@ class Regression(TaskType):
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Scored], dict[str, int]]:
         fields = {"a": "text_field", "label": "label_field", **({"b": "text_pair_field"} if cfg.text_pair_field else {})}
-        items, skipped = read_rows(read_split(cfg, split, key, fields), text_field="a",
+        undecodable = Counter()
+        items, skipped = read_rows(read_split(cfg, split, key, fields, undecodable), text_field="a",
                                    text_pair_field="b" if cfg.text_pair_field else None)
-        return items, dict(skipped)
+        return items, {**undecodable, **skipped}
 
     def hash_text(self, item: Scored) -> str:
         return item.a if item.b is None else f"{item.a}\t{item.b}"

@@ -281,10 +281,11 @@ class SpanQA(TaskType):
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
         fields = {"question": "text_field", "context": "text_pair_field", "answers": "label_field"}
         has_id = "id" in split_columns(cfg.source, split, key)
+        undecodable = Counter()
         rows = ({**row, "id": row["id"] if has_id else n}
-                for n, row in enumerate(read_split(cfg, split, key, fields, ["id"] if has_id else [])))
+                for n, row in enumerate(read_split(cfg, split, key, fields, undecodable, ["id"] if has_id else [])))
         questions, counts = read_rows(rows)
-        return questions, dict(counts)
+        return questions, {**undecodable, **counts}
 
     def hash_text(self, item: Question) -> str:
         return item.context

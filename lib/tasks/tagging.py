@@ -197,9 +197,10 @@ class Tagging(TaskType):
     timed = "one sentence of {seq_len} tokens per call, a tag per token"
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Sentence], dict[str, int]]:
-        sentences, skipped = read_rows(read_split(cfg, split, key, {"tokens": "text_field", "tags": "label_field"}),
-                                       "tokens", "tags")
-        return sentences, dict(skipped)
+        undecodable = Counter()
+        sentences, skipped = read_rows(read_split(cfg, split, key, {"tokens": "text_field", "tags": "label_field"},
+                                                  undecodable), "tokens", "tags")
+        return sentences, {**undecodable, **skipped}
 
     def hash_text(self, item: Sentence) -> str:
         return " ".join(item.words)
