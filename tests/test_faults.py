@@ -3,6 +3,7 @@ folder that cannot be written, Ctrl-C."""
 import contextlib
 import errno
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from lib.core import errors
 from lib.core.errors import INTERRUPTED, end_on_ctrl_c, run_main
@@ -20,7 +22,7 @@ from lib.training import checkpoint
 from lib.training.checkpoint import load_checkpoint, save_checkpoint
 from lib.training.distributed import full_state
 from tests.helpers import ROOT, read_only_folder
-from tests.test_pipeline import copy_reproduced
+from tests.test_pipeline import copy_reproduced, without_timings
 
 
 def disk_full(*args, **kwargs):
@@ -59,6 +61,102 @@ def test_disk_full_while_writing_an_output_keeps_the_old_one(tmp_path, monkeypat
             disk_full(tmp / "config.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
     assert (out / "config.json").read_text().count('"version": 1') == 1 and not (out / "weights.bin").exists()
+
+
+# sitecustomize of a stage process whose disk fills up: the FULL_DISK_AT-th file it opens for writing whose path
+# matches the glob FULL_DISK_FILES takes half of its first write, then ENOSPC (a write's error names no file)
+FILLING_DISK = """
+import builtins, errno, fnmatch, io, os
+
+_open, _opened = builtins.open, 0
+
+
+class Filling:
+    def __init__(self, file):
+        self._file = file
+
+    def write(self, data):
+        self._file.write(data[:len(data) // 2])
+        self._file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._file.__exit__(*exc_info)
+
+
+def filling_open(file, mode="r", *args, **kwargs):
+    global _opened
+    opened = _open(file, mode, *args, **kwargs)
+    writing = set(mode) & set("wax") and isinstance(file, (str, os.PathLike))
+    if writing and fnmatch.fnmatch(os.fspath(file), os.environ["FULL_DISK_FILES"]):
+        _opened += 1
+        if _opened == int(os.environ["FULL_DISK_AT"]):
+            return Filling(opened)
+    return opened
+
+
+builtins.open = io.open = filling_open
+"""
+DISK_FULL_LINE = ("error: no space left on the device{}; free some and run the stage again (earlier outputs and "
+                  "checkpoints are intact)")
+
+
+def stage_command(repo: Path, stage: str) -> list[str]:
+    """The stage's command in dvc.yaml, run by this Python."""
+    return [sys.executable, *yaml.safe_load((repo / "dvc.yaml").read_text())["stages"][stage]["cmd"].split()[1:]]
+
+
+def on_a_filling_disk(repo: Path, stage: str, files: str, at: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`stage` run in `repo` as DVC runs it, on a disk that fills up in the middle of the `at`-th file it writes whose
+    path matches the glob `files`; its temporary folder is tmp_path/tmp."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FILLING_DISK)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "TMPDIR": str(tmp_path / "tmp"),
+           "FULL_DISK_FILES": files, "FULL_DISK_AT": str(at)}
+    return subprocess.run(stage_command(repo, stage), cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_disk_that_fills_while_pretrain_checkpoints_keeps_the_last_checkpoint_to_resume_from(reproduced, tmp_path):
+    """The second checkpoint's state.json, written after its weights and optimizer state: the stage ends in one line,
+    the first checkpoint stands alone and whole, and the stage run again resumes from it to the same result."""
+    repo = copy_reproduced(reproduced, tmp_path / "project")
+    model, metrics = (repo / "models/pretrain/model.safetensors").read_bytes(), repo / "metrics/pretrain.json"
+    before = without_timings(json.loads(metrics.read_text()))
+    done = on_a_filling_disk(repo, "pretrain", "*/.ckpt-*/.state.json.tmp-*", 2, tmp_path)
+    assert done.returncode == 2 and done.stderr.splitlines() == [DISK_FULL_LINE.format("")]
+    saved = repo / "data/checkpoints/pretrain"
+    assert [p.name for p in saved.iterdir()] == ["ckpt-000001"] and checkpoint.verify(saved / "ckpt-000001") is None
+    assert (repo / "models/pretrain/model.safetensors").read_bytes() == model
+    resumed = subprocess.run(stage_command(repo, "pretrain"), cwd=repo, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step 10" in resumed.stdout
+    assert without_timings(json.loads(metrics.read_text())) == before
+
+
+@pytest.mark.parametrize("writing", [1, 2], ids=["the-exported-graph", "its-int8-copy"])
+def test_a_disk_that_fills_while_evaluate_writes_onnx_leaves_no_onnx_and_the_last_outputs(reproduced, tmp_path,
+                                                                                         writing):
+    """evaluate writes ONNX files only to quantize the student: the exported graph, then ONNX Runtime's int8 copy,
+    in a temporary folder. A disk that fills up in either ends the stage in one line that names the folder (its
+    disk is often not the project's), and leaves no ONNX file, temporary or not, and the last report as it was."""
+    repo = copy_reproduced(reproduced, tmp_path / "project")
+    outputs = {path: path.read_bytes() for name in ("metrics", "plots", "reports") for path in (repo / name).rglob("*")
+               if path.is_file()}
+    done = on_a_filling_disk(repo, "evaluate", "*.onnx", writing, tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr[-3000:]
+    head, tail = DISK_FULL_LINE.split("{}")
+    assert done.stderr.startswith(f"{head} writing {tmp_path / 'tmp'}/quantize-") and done.stderr.endswith(f"{tail}\n")
+    assert not [path for folder in (repo, tmp_path / "tmp") for pattern in ("*.onnx", "*.onnx.*", "quantize-*")
+                for path in folder.rglob(pattern)]
+    assert {path: path.read_bytes() for name in ("metrics", "plots", "reports") for path in (repo / name).rglob("*")
+            if path.is_file()} == outputs
 
 
 STAGE_OUTPUTS = {"data": ("--out", "--metrics"), "clean": ("--out", "--metrics", "--plots"),

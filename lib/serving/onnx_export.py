@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lib.core.errors import UserError, describe, run_main
+from lib.core.errors import UserError, describe, os_error_line, run_main
 from lib.core.io import atomic_file, project_root
 from lib.models.classifier import Classifier, load_classifier
 from lib.serving.predict import TextClassifier
@@ -153,14 +153,18 @@ def quantize_int8(model: bytes) -> bytes:
     onnxruntime()  # one line when it is missing
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    # quantize_dynamic reads a proto but writes only to a path
+    # quantize_dynamic reads a proto but writes only to a path: files in a temporary folder, removed however it ends
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
         source, target = Path(tmp) / "model.onnx", Path(tmp) / "model.int8.onnx"
-        source.write_bytes(model)
         try:
+            source.write_bytes(model)
             with without_preprocessing_advice():
                 quantize_dynamic(source, target, weight_type=QuantType.QInt8)
         except Exception as err:  # onnxruntime.quantization raises plain Exceptions and onnx errors
+            if isinstance(err, OSError) and os_error_line(err):
+                # a full disk or a denied permission: run_main's one line, which names the file, else the temporary
+                # folder (its disk is often not the project's)
+                raise OSError(err.errno, err.strerror, err.filename or tmp) from None
             raise UserError(f"cannot quantize the ONNX model to int8 ({describe(err)})") from None
         return target.read_bytes()
 
