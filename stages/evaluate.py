@@ -19,8 +19,8 @@ served), on the GPU too when there is one, and writes metrics/evaluate.json, DVC
 (confusion matrices, predicted vs gold, per-entity F1), and reports/ (summary.md, headed by the commit,
 params digest, MLflow parent run and machine it came from, + PNG figures), attached with the metrics to
 the MLflow parent run; the served tasks' teacher and student are logged as MLflow pyfunc models and
-registered as a new version of `<tracking.experiment>.<task>-teacher` / `-student`, whose alias `best`
-names the version with the highest dev score (lib.core.tracking).
+registered as a version of `<tracking.experiment>.<task>-teacher` / `-student` (a new one only when the
+folder's files changed), whose alias `best` names the version with the highest dev score (lib.core.tracking).
 """
 import json
 from dataclasses import replace
@@ -77,8 +77,8 @@ def main() -> None:
         write_outputs(results, warnings, provenance, args, run)
         for folder, artifact, metric in pyfunc_models(results, args.teachers, args.students):
             dev = json.loads((folder / META_FILE).read_text(encoding="utf-8"))["dev"]  # what kept this model
-            run.register_model(run.log_model(log_pyfunc, folder, artifact),
-                               registered_name(params.tracking.experiment, artifact), dev, metric)
+            run.register_folder(log_pyfunc, folder, artifact, registered_name(params.tracking.experiment, artifact),
+                                dev, metric)
 
 
 def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str, str]]:

@@ -13,7 +13,9 @@ from mlflow.tracking import MlflowClient
 
 from lib.config.params import TrackingConfig
 from lib.core import tracking
-from tests.helpers import ROOT
+from lib.core.io import read_safetensors, write_safetensors
+from lib.serving.predict import log_pyfunc
+from tests.helpers import ROOT, save_tiny_classifier, tiny_tokenizer
 
 
 @pytest.fixture
@@ -287,6 +289,22 @@ def test_a_stopped_experiment_is_finished_when_dvc_wrote_its_ref(store, tmp_path
                      "stopped": (ref + "stopped", "KILLED", "after finetune: DVC stopped before distill")}
 
 
+def test_two_executions_of_one_key_side_by_side_each_keep_one_parent(store, monkeypatch):
+    """Two clones at one commit and params, logging to one store, `dvc repro` at once: the same pipeline key,
+    their stages interleaved. Each DVC's stages stay under its own parent, none under the other's."""
+    drivers = (os.getpid(), os.getppid())  # two live processes, standing for the two DVCs
+    for name in ("data", "clean", "tokenizer"):
+        for driver in drivers:
+            under_dvc(monkeypatch, "repro", pid=driver)
+            stage(name)
+    assert tree(store) == [[("data", "FINISHED"), ("clean", "FINISHED"), ("tokenizer", "FINISHED")]] * 2
+    assert sorted(p.data.tags["process.pid"] for p in parents(store)) == sorted(map(str, drivers))
+    for parent in parents(store):
+        assert {r.data.tags["process.pid"] for r in runs(store)
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id} == {str(os.getpid())}
+        assert parent.info.status == "RUNNING"  # each DVC goes on to its later stages
+
+
 @pytest.mark.parametrize("commands, driver, until", [
     ([[*DVC, "exp", "exec-run", "--infofile", "/project/.dvc/tmp/exps/run/1a/1a.run"],  # a queued experiment
       [*DVC, "exp", "queue-worker", "dvc-exp-cde9b5-1@localhost", "--clean"], [*DVC, "exp", "run", "--run-all"]],
@@ -322,6 +340,41 @@ def test_a_stage_finds_the_dvc_process_above_it(tmp_path):
                           capture_output=True, text=True, timeout=120)
     driver, *found = done.stdout.split()
     assert found == [driver], done.stderr[-2000:]
+
+
+FIRST_STAGE = """
+import sys, time
+from pathlib import Path
+from lib.config.params import TrackingConfig
+from lib.core import tracking
+print("ready", flush=True)
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.001)
+with tracking.stage_run("evaluate", TrackingConfig(), {}, {}):
+    pass
+"""
+
+
+def test_stages_that_start_at_once_on_a_new_store_are_all_tracked(tmp_path, monkeypatch):
+    """Three projects' first stages open a new shared store at the same moment: MLflow creates its tables on first
+    contact, and two processes doing so at once lose their runs or leave it half-migrated."""
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # the store fixture's client would create the store's tables
+    go = tmp_path / "go"
+    processes = [subprocess.Popen([sys.executable, "-c", FIRST_STAGE, str(go)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        assert all(process.stdout.readline() == "ready\n" for process in processes)  # mlflow imported
+        go.touch()
+        errors = [process.communicate(timeout=120)[1] for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [process.returncode for process in processes] == [0, 0, 0]
+    assert not [line for err in errors for line in err.splitlines() if line.startswith("warning:")]
+    store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert sorted((r.data.tags["pipeline.role"], r.info.status) for r in runs(store)) == [
+        ("pipeline", "FINISHED")] * 3 + [("stage", "FINISHED")] * 3
 
 
 def test_artifacts_land_beside_the_store_by_a_relative_path_so_a_copied_store_works(store, tmp_path, monkeypatch):
@@ -453,3 +506,80 @@ def test_dirty_means_code_or_params_not_the_outputs_the_stages_rewrite(tmp_path,
     assert tracking.run_tags("evaluate", {})["git.dirty"] == "false"
     (tmp_path / "params.yaml").write_text("2")
     assert tracking.run_tags("evaluate", {})["git.dirty"] == "true"
+
+
+REGISTERED = tracking.registered_name("transfer-pipeline", "imdb-student")
+
+
+def evaluate_registers(folder, dev: float) -> str:
+    """An evaluate run that logs and registers the student in `folder`, of dev accuracy `dev`: its run id."""
+    with tracking.stage_run("evaluate", TrackingConfig(), {}, {}) as run:
+        run.register_folder(log_pyfunc, folder, "imdb-student", REGISTERED, {"accuracy": dev}, "accuracy")
+    return run.run_id
+
+
+def versions(client) -> list[str]:
+    return sorted(str(v.version) for v in client.search_model_versions(f"name = '{REGISTERED}'"))
+
+
+def best(client) -> str:
+    return str(client.get_model_version_by_alias(REGISTERED, tracking.BEST_ALIAS).version)
+
+
+def test_evaluate_run_again_on_the_same_model_adds_no_version(store, tmp_path, capsys):
+    """A version per distinct model: evaluate run again on an unchanged folder links its run to the version
+    that holds it and logs no second copy; a changed weight is a new version; `best` follows the dev score."""
+    folder = save_tiny_classifier(tmp_path / "student", tiny_tokenizer(tmp_path / "tokenizer"))
+    first = evaluate_registers(folder, 0.8)
+    again = evaluate_registers(folder, 0.8)
+    assert versions(store) == ["1"] and best(store) == "1"
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"MLflow: {folder} is version 1 of {REGISTERED} already (the same files); not registered again")
+    for run_id in (first, again):
+        assert store.get_run(run_id).data.tags["summary.registered.imdb-student"] == f"models:/{REGISTERED}/1"
+    experiment_id = store.get_run(first).info.experiment_id
+    assert [m.source_run_id for m in store.search_logged_models([experiment_id])] == [first]
+
+    weights = next(folder.glob("*.safetensors"))
+    tensors = read_safetensors(weights)
+    changed = next(name for name, tensor in tensors.items() if tensor.is_floating_point())
+    tensors[changed] = tensors[changed] + 1.0
+    write_safetensors(weights, tensors)
+    worse = evaluate_registers(folder, 0.7)
+    evaluate_registers(folder, 0.7)
+    assert versions(store) == ["1", "2"] and best(store) == "1"  # the higher dev score keeps the alias
+    assert store.get_model_version(REGISTERED, "2").run_id == worse
+    assert store.get_model_version(REGISTERED, "2").tags[tracking.MODEL_DIGEST] == tracking.folder_sha256(folder)
+    tensors[changed] = tensors[changed] + 1.0
+    write_safetensors(weights, tensors)
+    evaluate_registers(folder, 0.9)
+    assert versions(store) == ["1", "2", "3"] and best(store) == "3"
+
+
+def test_the_same_model_registered_by_two_evaluates_at_once_is_one_version(store, tmp_path, capsys):
+    """Both looked it up before either had registered it: the later version is removed again, and never
+    held `best`, although its dev score is the same and a tie goes to the newer version."""
+    folder = save_tiny_classifier(tmp_path / "student", tiny_tokenizer(tmp_path / "tokenizer"))
+    digest = tracking.folder_sha256(folder)
+    registered = []
+    for _ in range(2):
+        with tracking.stage_run("evaluate", TrackingConfig(), {}, {}) as run:
+            uri = run.log_model(log_pyfunc, folder, "imdb-student")
+            registered.append(run.register_model(uri, REGISTERED, {"accuracy": 0.8}, "accuracy", digest))
+    assert registered == ["1", "1"] and versions(store) == ["1"] and best(store) == "1"
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"MLflow: another evaluate registered the same model as version 1 of {REGISTERED} meanwhile; "
+        "version 2 removed again")
+
+
+def test_the_digest_of_a_model_folder_is_of_its_files_alone(tmp_path):
+    for copy in ("a", "b"):
+        (tmp_path / copy / "tokenizer").mkdir(parents=True)
+        (tmp_path / copy / "model.safetensors").write_bytes(b"weights")
+        (tmp_path / copy / "tokenizer" / "vocab.txt").write_text("a\nb\n")
+    assert tracking.folder_sha256(tmp_path / "a") == tracking.folder_sha256(tmp_path / "b")
+    (tmp_path / "b" / "tokenizer" / "vocab.txt").write_text("a\nc\n")
+    assert tracking.folder_sha256(tmp_path / "a") != tracking.folder_sha256(tmp_path / "b")
+    (tmp_path / "b" / "tokenizer" / "vocab.txt").rename(tmp_path / "b" / "vocab.txt")  # a file moved is another model
+    (tmp_path / "b" / "vocab.txt").write_text("a\nb\n")
+    assert tracking.folder_sha256(tmp_path / "a") != tracking.folder_sha256(tmp_path / "b")

@@ -6,8 +6,8 @@ time>`, e.g. `repro 226dfab 2026-11-24 14:30`; finetune and distill add a run pe
 their stage's run.
 
 Same execution. DVC starts every stage as its own process and tells it nothing of the execution, so a
-stage finds the newest parent of its pipeline key (git commit and a digest of the DVC experiment name and
-all params) and joins it when
+stage finds the parent of its pipeline key (git commit and a digest of the DVC experiment name and all
+params) that its DVC process holds, else the newest of that key that no DVC holds, and joins it when
   - no run under it is RUNNING (those of dead processes were ended first, see below),
   - it has not got past this stage: no run of this stage or of one after it in dvc.yaml has FINISHED
     under it, and
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -78,7 +79,7 @@ import yaml
 
 from lib.config.params import TrackingConfig, flatten
 from lib.core.errors import describe, redact, stop_if_interrupted
-from lib.core.io import process_alive, project_root
+from lib.core.io import file_sha256, process_alive, project_root
 # No telemetry or network calls from a tool that must work offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -104,8 +105,9 @@ ARTIFACTS = "mlruns"  # beside the SQLite store
 BEST_ALIAS, DEV = "best", "dev."  # DEV: prefix of a version's dev-score tags (dev.accuracy)
 VERSION_TAGS = ("git.commit", "git.dirty", "dvc.exp_name", "pipeline.key", "pipeline.recipe", "pipeline.objective",
                 "pipeline.init")
-REGISTERED_DESCRIPTION = (f"Registered by the pipeline's evaluate stage, a version per run; alias '{BEST_ALIAS}' is the "
-                          "version with the highest dev score (version tags dev.<metric>).")
+REGISTERED_DESCRIPTION = (f"Registered by the pipeline's evaluate stage, a version per distinct model (version tag "
+                          f"model.sha256, of its files); alias '{BEST_ALIAS}' is the version with the highest dev "
+                          "score (version tags dev.<metric>).")
 
 
 def tracking_uri() -> str:
@@ -273,13 +275,35 @@ class StageRun:
                     return log(folder, name)
         return None
 
-    def register_model(self, model_uri: str | None, name: str, dev: dict[str, float], metric: str) -> None:
-        """Register `model_uri` (a model this run logged) as a new version of the registered model `name`,
-        tagged with what made it (commit, DVC experiment, objective, init) and its dev scores, and point the
-        alias BEST_ALIAS at the version with the highest dev `metric` of all that have one, the newest on a
-        tie: the dev split chose the kept model, never the reported one. Nothing when tracking is off."""
-        if not self.active or model_uri is None:
+    def register_folder(self, log: Callable[[Path, str], str], folder: Path, artifact: str, name: str,
+                        dev: dict[str, float], metric: str) -> None:
+        """The model in `folder` as a version of the registered model `name`: logged as `artifact` (log_model) and
+        registered (register_model), unless a version of `name` holds the same files already (tag MODEL_DIGEST,
+        folder_sha256): evaluate run again on unchanged models adds no version, and says which one it is. Either
+        way the run names its version in the summary tag `registered.<artifact>`. Nothing when tracking is off."""
+        if not self.active:
             return
+        digest, version = folder_sha256(folder), None
+        with self._guarded(f"look up model {name}"):
+            version = self._version_holding(name, digest)
+            if version is not None:
+                print(f"MLflow: {folder} is version {version} of {name} already (the same files); not registered "
+                      "again", flush=True)
+                self._point_best(name, metric)  # as it would be after registering it
+        if version is None:
+            version = self.register_model(self.log_model(log, folder, artifact), name, dev, metric, digest)
+        if version is not None:
+            self.log_summary({"registered": {artifact: f"models:/{name}/{version}"}})
+
+    def register_model(self, model_uri: str | None, name: str, dev: dict[str, float], metric: str,
+                       digest: str | None = None) -> str | None:
+        """Register `model_uri` (a model this run logged) as a new version of the registered model `name`,
+        tagged with what made it (commit, DVC experiment, objective, init), its dev scores and `digest` (of its
+        files, MODEL_DIGEST), and point the alias BEST_ALIAS (_point_best). A version whose `digest` an earlier
+        version holds (another evaluate registered the same files meanwhile) is deleted again. Returns the
+        version that holds the model; None when tracking is off or registering failed (warned once)."""
+        if not self.active or model_uri is None:
+            return None
         from mlflow.exceptions import MlflowException
 
         with self._guarded(f"register model {name}"), _fluent_store():  # where it looks a models:/ source up
@@ -289,10 +313,36 @@ class StageRun:
                 if err.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             made_by = {k: v for k, v in self.client.get_run(self.run_id).data.tags.items() if k in VERSION_TAGS}
-            self.client.create_model_version(name, model_uri, run_id=self.run_id,
-                                             tags={**made_by, **{f"{DEV}{m}": str(v) for m, v in dev.items()}},
-                                             model_id=model_uri.removeprefix("models:/"))
-            scored = [v for v in self.client.search_model_versions(f"name = '{name}'") if DEV + metric in v.tags]
+            version = str(self.client.create_model_version(
+                name, model_uri, run_id=self.run_id, model_id=model_uri.removeprefix("models:/"),
+                tags={**made_by, **{f"{DEV}{m}": str(v) for m, v in dev.items()},
+                      **({MODEL_DIGEST: digest} if digest else {})}).version)
+            # version numbers grow in the order versions are made: the lowest one of a digest is the one to keep
+            first = self._version_holding(name, digest) if digest else None
+            if first is not None and int(first) < int(version):
+                self.client.delete_model_version(name, version)
+                print(f"MLflow: another evaluate registered the same model as version {first} of {name} meanwhile; "
+                      f"version {version} removed again", flush=True)
+                version = first
+            self._point_best(name, metric)
+            return version
+        return None
+
+    def _version_holding(self, name: str, digest: str) -> str | None:
+        """The first version of the registered model `name` whose files have `digest`, None if there is none."""
+        held = [int(v.version) for v in self.client.search_model_versions(f"name = '{name}'")
+                if v.tags.get(MODEL_DIGEST) == digest]
+        return str(min(held)) if held else None
+
+    def _point_best(self, name: str, metric: str) -> None:
+        """Point the alias BEST_ALIAS of `name` at the version with the highest dev `metric` of all that have one,
+        the newest on a tie (the dev split chose the kept model, never the reported one); a version whose files
+        an earlier version holds never takes it, since its registering run is about to delete it."""
+        first: dict[str, Any] = {}
+        for v in sorted(self.client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version)):
+            first.setdefault(v.tags.get(MODEL_DIGEST, v.version), v)
+        scored = [v for v in first.values() if DEV + metric in v.tags]
+        if scored:
             best = max(scored, key=lambda v: (float(v.tags[DEV + metric]), int(v.version)))
             self.client.set_registered_model_alias(name, BEST_ALIAS, best.version)
 
@@ -319,6 +369,18 @@ def _fluent_store() -> Iterator[None]:
         mlflow.set_tracking_uri(None)
         if before is not None:
             os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+MODEL_DIGEST = "model.sha256"  # a registered version's tag: folder_sha256 of the model folder it was logged from
+
+
+def folder_sha256(folder: Path) -> str:
+    """A SHA-256 of the files under `folder`: each one's path in it and its own SHA-256, in sorted order. The
+    same files give the same digest, wherever the folder lies and whenever they were written."""
+    folder, digest = Path(folder), hashlib.sha256()
+    for name in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{name}\0{file_sha256(folder / name)}\n".encode())
+    return digest.hexdigest()
 
 
 _warned = False
@@ -445,12 +507,35 @@ def _experiment_ref() -> str | None:
     return str(ExpRefInfo(baseline, name))
 
 
+@contextlib.contextmanager
+def _first_contact() -> Iterator[None]:
+    """An exclusive lock on the SQLite store's folder for the block (other stores need none). MLflow creates and
+    migrates a new SQLite store's tables on first contact, unguarded: two stages that start at once on a new
+    store (two projects or queued experiments sharing it) both migrate it, and one or both lose their run,
+    or leave it half-migrated, broken for every later stage. The block also creates the experiment, which two
+    stages at once would both try, the second failing."""
+    store = _sqlite_store()
+    if store is None:
+        yield
+        return
+    folder = os.open(store.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)  # and the lock with it
+
+
 def _find_parent(client: Any, experiment_id: str, tags: dict[str, str], owner: dict[str, str]) -> Any:
     """The parent of this stage's pipeline execution, driven by `owner`; None when it needs a new one (module
-    docstring)."""
-    parents = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
-                                 filter_string=f"tags.`pipeline.key` = '{tags['pipeline.key']}' "
-                                               f"and tags.`pipeline.role` = '{PARENT_ROLE}'")
+    docstring): the parent of its key that `owner` holds RUNNING, else the newest one of its key that is not
+    RUNNING. One that another live DVC holds is another execution's, e.g. of a clone at the same commit and
+    params logging to the same store: joining it would split both executions."""
+    key = f"tags.`pipeline.key` = '{tags['pipeline.key']}' and tags.`pipeline.role` = '{PARENT_ROLE}'"
+    driven = " and ".join(f"tags.`{k}` = '{v}'" for k, v in owner.items())
+    newest = {"max_results": 1, "order_by": ["attributes.start_time DESC"]}
+    parents = (client.search_runs([experiment_id], f"{key} and attributes.status = 'RUNNING' and {driven}", **newest)
+               or client.search_runs([experiment_id], f"{key} and attributes.status != 'RUNNING'", **newest))
     if not parents:
         return None
     parent = parents[0]
@@ -460,8 +545,8 @@ def _find_parent(client: Any, experiment_id: str, tags: dict[str, str], owner: d
     if any(s.info.status == "RUNNING" or (s.info.status == "FINISHED" and s.data.tags.get("stage") in this_and_later)
            for s in stages):
         return None
-    if parent.info.status == "RUNNING":  # its DVC process lives (those of dead ones were settled): ours, or another's
-        return parent if all(parent.data.tags.get(k) == v for k, v in owner.items()) else None
+    if parent.info.status == "RUNNING":  # ours: DVC hands it from stage to stage
+        return parent
     if parent.info.status == "KILLED" or (stages and stages[0].info.status in ("FAILED", "KILLED")):
         return parent  # interrupted: resumed whenever it is run again
     last_end = stages[0].info.end_time if stages else parent.info.start_time
@@ -525,10 +610,11 @@ def _open_run(stage: str, cfg: TrackingConfig, all_params: Any) -> StageRun:
     from mlflow.entities import RunTag
     from mlflow.tracking import MlflowClient
 
-    # the registry in the same store: MLflow's default registry is the default tracking URI, a mlflow.db in the
-    # working directory (a queued experiment's throw-away copy)
-    client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
-    experiment_id = _experiment_id(client, cfg.experiment)
+    with _first_contact():
+        # the registry in the same store: MLflow's default registry is the default tracking URI, a mlflow.db in the
+        # working directory (a queued experiment's throw-away copy)
+        client = MlflowClient(tracking_uri=tracking_uri(), registry_uri=tracking_uri())
+        experiment_id = _experiment_id(client, cfg.experiment)
     _end_dead_runs(client, experiment_id)
     tags = run_tags(stage, all_params)
     driver, order = _dvc_driver(), _pipeline_order()
