@@ -67,10 +67,11 @@ def check_experiment_name() -> None:
 
 def open_stage(name: str, doc: str, inputs: dict[str, str], outputs: dict[str, str],
                checks: Sequence[Callable[[Params], None]] = ()) -> Stage:
-    """Parse the command line (`doc`'s first line is its help), check every output writable (one line
-    naming the first that is not), and load params.yaml (one line naming a bad key), checked also by
+    """Refuse an experiment name DVC cannot save, parse the command line (`doc`'s first line is its help),
+    check every output writable (one line naming the first that is not), and load params.yaml (one line
+    naming a bad key, or a value this run changed that the recipe would replace), checked also by
     `checks`: those of the registries the stage uses (lib.tasks.check_tasks for the stages that read
-    `tasks`, lib.objectives.check_objective for those that pretrain)."""
+    `tasks`, lib.objectives.check_objective for those that pretrain). Prints what the recipe changes."""
     check_experiment_name()
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
