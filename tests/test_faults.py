@@ -5,6 +5,7 @@ import errno
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -227,9 +228,12 @@ def test_ctrl_c_while_a_stage_imports_torch_ends_it_in_one_line(stage, tmp_path)
 
 
 def started_adapt(repo: Path) -> tuple[subprocess.Popen, float]:
-    """`dvc repro -f -s adapt` in its own process group, once DVC has said it runs the stage, and when."""
+    """`dvc repro -f -s adapt` in its own process group, once DVC has said it runs the stage, and when.
+    DVC runs a stage's cmd through $SHELL, else /bin/sh: bash runs a lone command as its own process, so
+    DVC reports the stage's exit code, while dash stays beside it and ends itself by the SIGINT, which DVC
+    reports as -2 whatever the stage did. The stage is what this checks, so the shell is bash."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "SHELL": shutil.which("bash")}
     proc = subprocess.Popen(["dvc", "repro", "-f", "-s", "adapt"], cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     for line in proc.stdout:
