@@ -417,6 +417,24 @@ def test_the_experiment_is_tagged_as_model_training(store, capsys):
     assert store.get_experiment_by_name("untagged").tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_a_stage_that_finds_the_experiment_missing_while_another_creates_it_joins_that_one(store, monkeypatch):
+    """Two projects' first stages on a shared server: both ask for the experiment before either made it."""
+    made_by_the_other = store.create_experiment("transfer-pipeline",
+                                                tags={"mlflow.experimentKind": "custom_model_development"})
+    lookup, asked = MlflowClient.get_experiment_by_name, []
+
+    def missing_at_first(client, name):
+        asked.append(name)
+        return None if len(asked) == 1 else lookup(client, name)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", missing_at_first)
+    with tracking.stage_run("clean", TrackingConfig(), {}, {}) as run:
+        assert run.active
+    monkeypatch.undo()
+    runs = store.search_runs([made_by_the_other])
+    assert [r.info.run_name for r in runs if r.data.tags.get("pipeline.role") == "stage"] == ["clean"]
+
+
 def test_unreachable_store_warns_once_and_stage_finishes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tracking, "_warned", False)
     blocker = tmp_path / "a-file"

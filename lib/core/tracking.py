@@ -396,13 +396,24 @@ def warn(message: str) -> None:
 
 
 def _experiment_id(client: Any, name: str) -> str:
-    """The experiment `name`, created if need be, tagged as model training, its artifacts beside the store."""
+    """The experiment `name`, created if need be, tagged as model training, its artifacts beside the store.
+    Stages of two projects may find it missing at once on a shared server: the one whose creation comes
+    second joins the experiment the first made."""
+    from mlflow.exceptions import MlflowException
+
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        experiment = client.get_experiment(client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_TRAINING}))
-        print(redact(f"MLflow: created experiment {name} in {tracking_uri()}; in `mlflow ui` its runs table is "
-                     f"#/experiments/{experiment.experiment_id}/runs"), flush=True)
-    elif EXPERIMENT_KIND not in experiment.tags:
+        try:
+            created = client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_TRAINING})
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+        else:
+            experiment = client.get_experiment(created)
+            print(redact(f"MLflow: created experiment {name} in {tracking_uri()}; in `mlflow ui` its runs table is "
+                         f"#/experiments/{experiment.experiment_id}/runs"), flush=True)
+    if EXPERIMENT_KIND not in experiment.tags:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
     _keep_artifacts_beside_the_store(experiment)
     return experiment.experiment_id
