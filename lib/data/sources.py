@@ -28,7 +28,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from lib.config.params import HUB_PREFIX, LOCAL_SUFFIXES
 from lib.core.errors import UserError, describe
@@ -199,9 +199,14 @@ def _version(path: str) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
+def _bytes_of(path: str) -> BinaryIO:
+    """File `path` opened for its bytes, gunzipped where its name ends in .gz."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
 def _first_lines(path: str) -> list[str]:
     """The first SNIFF_LINES whole lines of a (gzipped) text file, within its first SNIFF_BYTES (at least one)."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+    with _bytes_of(path) as f:
         head = f.read(SNIFF_BYTES)
     lines = head.decode("utf-8", errors="replace").splitlines()
     if len(head) == SNIFF_BYTES and len(lines) > 1:
@@ -268,7 +273,7 @@ def _is_utf8(path: str, version: tuple[int, int]) -> bool:
     its end is not (reading its rows says why)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        with _bytes_of(path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 decoder.decode(chunk)
         decoder.decode(b"", final=True)
