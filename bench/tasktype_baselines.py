@@ -1,4 +1,4 @@
-"""Scores of lib.evaluation.baselines on the shared data, the floor a finetuned model of each new task
+"""Scores of lib.metrics.baselines on the shared data, the floor a finetuned model of each new task
 type should clear. Fit on each dataset's train split; prints one JSON line per dataset and split.
 
     python bench/tasktype_baselines.py [--data ../shared/data]
@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from lib.evaluation.metrics import choice_accuracy, entity_scores, pearson, spearman, squad_scores  # noqa: E402
+from lib.metrics.scores import choice_accuracy, entity_scores, pearson, spearman, squad_scores  # noqa: E402
 from lib.tasks import multiple_choice, regression, span_qa, tagging  # noqa: E402
-from lib.evaluation.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity  # noqa: E402
+from lib.metrics.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity  # noqa: E402
 
 
 def read(data: Path, name: str, split: str) -> list[dict]:

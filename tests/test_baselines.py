@@ -12,7 +12,8 @@ import torch
 from lib.config.params import SpecialTokens, TokenizerConfig
 from lib.data.encoding import cut, pair_lengths
 from lib.data.tokenizer import special_ids, train_tokenizer
-from lib.evaluation.baselines import label_scores, tfidf_baseline, zero_shot
+from lib.evaluation.zero_shot import label_scores, zero_shot
+from lib.metrics.baselines import tfidf_baseline
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.classification import Row
 

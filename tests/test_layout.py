@@ -38,7 +38,8 @@ def test_lib_is_role_packages_only():
     """Every module sits in a package that names its role; lib/ itself holds only its docstring."""
     assert [p.name for p in LIB.glob("*.py")] == ["__init__.py"]
     roles = {p.name for p in LIB.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert roles == {"config", "core", "data", "models", "objectives", "tasks", "training", "evaluation", "serving"}
+    assert roles == {"config", "core", "data", "metrics", "models", "objectives", "tasks", "training", "evaluation",
+                     "serving"}
 
 
 def test_no_task_type_is_named_outside_its_package():

@@ -11,9 +11,9 @@ import scipy.stats
 import seqeval.metrics
 import torch
 
-from lib.evaluation.metrics import (apply_no_answer_threshold, best_no_answer_threshold, choice_accuracy, compute_metrics,
-                         entity_scores, entity_spans, exact_match, normalize_answer, pearson, spearman, squad_scores,
-                         token_f1)
+from lib.metrics.scores import (apply_no_answer_threshold, best_no_answer_threshold, choice_accuracy, compute_metrics,
+                                entity_scores, entity_spans, exact_match, normalize_answer, pearson, spearman, squad_scores,
+                                token_f1)
 
 
 # compute_metrics ------------------------------------------------------------------------------------

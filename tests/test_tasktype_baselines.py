@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from lib.evaluation.metrics import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
+from lib.metrics.scores import choice_accuracy, entity_scores, entity_spans, pearson, squad_scores
 from lib.tasks import multiple_choice, regression, span_qa, tagging
-from lib.evaluation.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
+from lib.metrics.baselines import OverlapQA, lexicon_tags, tfidf_choice_scores, tfidf_similarity, well_formed
 from lib.tasks.multiple_choice import Question
 from lib.tasks.regression import Scored
 from lib.tasks.span_qa import Answer, golds

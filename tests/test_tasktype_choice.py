@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lib.data.encoding import encode as encode_texts
-from lib.evaluation.metrics import choice_accuracy
+from lib.metrics.scores import choice_accuracy
 from lib.tasks.multiple_choice import TYPE, Question, collate, encode, loss, read_rows
 from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 

@@ -9,7 +9,7 @@ import torch
 
 from lib.core.errors import UserError
 from lib.data.encoding import encode as encode_texts
-from lib.evaluation.metrics import pearson, spearman
+from lib.metrics.scores import pearson, spearman
 from lib.tasks.regression import TYPE, Scored, collate, encode, read_rows, target_scale
 from tests.tasktype_helpers import bpe_on, fit_on_one_batch, one_thread, toy_task  # noqa: F401
 

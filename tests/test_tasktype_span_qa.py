@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lib.core.errors import UserError
-from lib.evaluation.metrics import apply_no_answer_threshold, normalize_answer, squad_scores
+from lib.metrics.scores import apply_no_answer_threshold, normalize_answer, squad_scores
 from lib.tasks.span_qa import (NO_ANSWER, Answer, Question, collate, decode, encode, golds, loss,
                                    read_rows)
 from tests.helpers import SHARED_DATA

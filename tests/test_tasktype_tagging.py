@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from lib.core.errors import UserError
-from lib.evaluation.metrics import entity_scores
+from lib.metrics.scores import entity_scores
 from lib.tasks.tagging import IGNORE, TYPE, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA
 from tests.tasktype_helpers import MINILM, bpe, fit_on_one_batch, minilm, one_thread, tokenizer, toy_task  # noqa: F401

@@ -1,1 +1,1 @@
-"""Evaluation: metrics, scoring every task type, baselines, size and speed, the report."""
+"""Evaluation: scoring every task type, the zero-shot LM baseline, size and speed, the report."""

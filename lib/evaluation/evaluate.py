@@ -4,7 +4,7 @@ For each labeled split of a task's eval_splits, on the examples finetune selects
 and limits), it scores the teacher and the student as finetune scores a model (lib.evaluation.scoring:
 dev first where the type calibrates on it, SQuAD 2.0's no-answer threshold), every finetune variant
 (mean ± std over seeds, first split only, as finetune reports them) and the type's train-only baseline
-(lib.evaluation.baselines) fit on the same train examples and, where finetuning used a subset, on all
+(lib.metrics.baselines) fit on the same train examples and, where finetuning used a subset, on all
 of train. It keeps what the report draws (confusion matrices, per-entity-type F1 for tagging, predicted
 vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU
 (lib.evaluation.efficiency).
@@ -27,7 +27,7 @@ import torch
 from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
 from lib.core.errors import UserError
-from lib.evaluation.baselines import zero_shot, zero_shot_problem
+from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
 from lib.evaluation.efficiency import onnx_latency, profile
 from lib.evaluation.scoring import predict_all, score_split
 from lib.models.classifier import load_classifier

@@ -35,7 +35,7 @@ ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)"
          "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
          "frozen": "frozen features + linear", "elmo": "ELMo layer mix (frozen)", "tfidf": "TF-IDF + LR",
          "student_int8": "student, int8 (ONNX Runtime)"}
-# the task types' train-only baselines (lib.evaluation.baselines), each also as "<name>_full_train"
+# the task types' train-only baselines (lib.metrics.baselines), each also as "<name>_full_train"
 BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values()}
 
 

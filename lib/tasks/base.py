@@ -318,7 +318,7 @@ class TaskType:
     # evaluation -----------------------------------------------------------------------------------
     def baseline_scores(self, task: TaskData, train: list, metrics: list[str],
                         settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:
-        """(scores, extras as `score` gives them) of the type's baseline (lib.evaluation.baselines) fit on
+        """(scores, extras as `score` gives them) of the type's baseline (lib.metrics.baselines) fit on
         the `train` items (tuned on task's dev items where it has a setting to choose), on task's
         evaluation items."""
         raise NotImplementedError

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.encoding import encode, padded
-from lib.evaluation.baselines import tfidf_baseline
-from lib.evaluation.metrics import compute_metrics, confusion_matrix
+from lib.metrics.baselines import tfidf_baseline
+from lib.metrics.scores import compute_metrics, confusion_matrix
 from lib.models.hf import SEQUENCE_CLASSIFIERS
 from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, read_split, smallest_hashes, text_hash
 

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from lib.config.params import EvaluateConfig, TaskConfig
 from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
-from lib.evaluation.baselines import tfidf_choice_scores
-from lib.evaluation.metrics import choice_accuracy, confusion_matrix
+from lib.metrics.baselines import tfidf_choice_scores
+from lib.metrics.scores import choice_accuracy, confusion_matrix
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
 

@@ -30,8 +30,8 @@ from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
-from lib.evaluation.baselines import tfidf_similarity
-from lib.evaluation.metrics import pearson, spearman
+from lib.metrics.baselines import tfidf_similarity
+from lib.metrics.scores import pearson, spearman
 from lib.models.hf import SEQUENCE_CLASSIFIERS
 from lib.tasks.base import TaskType, read_split
 from lib.tasks.base import UNLABELED, TaskData

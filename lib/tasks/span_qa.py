@@ -28,7 +28,7 @@
   tokens, both ends on context tokens) by start logit + end logit, its text cut from the original
   context by the offsets; the no-answer score is the minimum over windows of start_logit[0] +
   end_logit[0] (BERT's run_squad.py: the window most sure there is an answer speaks for the question).
-  decode returns the span text and no-answer score - span score; lib.evaluation.metrics' best_no_answer_threshold
+  decode returns the span text and no-answer score - span score; lib.metrics.scores' best_no_answer_threshold
   and apply_no_answer_threshold turn those into SQuAD 2.0 answers ("" above the threshold), and
   squad_scores scores them. On SQuAD 1.1 the span text is the answer.
 """
@@ -45,8 +45,8 @@ from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
-from lib.evaluation.baselines import OverlapQA
-from lib.evaluation.metrics import apply_no_answer_threshold, best_no_answer_threshold, golds, squad_scores
+from lib.metrics.baselines import OverlapQA
+from lib.metrics.scores import apply_no_answer_threshold, best_no_answer_threshold, golds, squad_scores
 from lib.models.hf import CLASS_PREFIXES
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split

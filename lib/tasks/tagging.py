@@ -26,7 +26,7 @@ from its last on a causal model, which sees the whole word only there.
   validation of 3,250 and 1 test of 3,453 (perfect predictions then score entity F1 0.9994 on
   validation, 0.9998 on test); at max_len 256 none. Sliding windows would gain that little.
 - Decoding takes the tag of highest logit at each word's tag-carrying subword and gives word-level IOB2
-  strings, scored by lib.evaluation.metrics.entity_scores (seqeval's default mode) against `Sentence.tags`.
+  strings, scored by lib.metrics.scores.entity_scores (seqeval's default mode) against `Sentence.tags`.
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from lib.config.params import EvaluateConfig, TaskConfig
 from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
-from lib.evaluation.baselines import lexicon_tags
-from lib.evaluation.metrics import confusion_matrix, entity_scores
+from lib.metrics.baselines import lexicon_tags
+from lib.metrics.scores import confusion_matrix, entity_scores
 from lib.models.hf import CLASS_PREFIXES
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, label_config, read_split, soft_loss
