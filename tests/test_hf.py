@@ -270,6 +270,19 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
         assert (model(ids, None, mask, language_ids=languages) - model(ids, None, mask))[mask].abs().max() > 0.01
 
 
+@pytest.mark.parametrize("shape", [*EXPORTABLE.values(), dict(norm="pre", embedding_size=16),
+                                   dict(norm="post", embedding_size=16, causal=True),
+                                   dict(norm="post", lm_head="linear", segment_vocab=0, languages=["en", "de"]),
+                                   dict(position="rope", norm="post"), dict(position="alibi")])
+def test_at_most_one_family_covers_a_config(shape):
+    """export_family asks the one family that covers a config whether it computes it: two would make the
+    answer depend on the registry's order."""
+    from lib.models.families import FAMILIES
+
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
+    assert len([name for name, family in FAMILIES.items() if family.covers(cfg)]) <= 1
+
+
 def test_a_model_with_languages_in_another_shape_names_what_xlm_needs():
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
                             position="rope", languages=["en", "de"])

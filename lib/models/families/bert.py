@@ -16,6 +16,12 @@ EMBEDDINGS = {"embeddings.token": "embeddings.word_embeddings", "embeddings.posi
               "project": "embeddings_project", "pooler.dense": "pooler.dense"}
 
 
+def bert_shaped(cfg: TransformerConfig) -> bool:
+    """BERT's embeddings and LM head: learned positions, an embedding LayerNorm, the dense-GELU-LayerNorm
+    head, no language embeddings (the shape the families built on BERT share)."""
+    return cfg.position == "learned" and not cfg.languages and cfg.embedding_norm and cfg.lm_head == "mlp"
+
+
 class Bert(Family):
     name, title, base = "bert", "BERT", "bert."
     layers, layer, top = "encoder.layer", LAYER, EMBEDDINGS
@@ -43,8 +49,7 @@ class Bert(Family):
             position_offset=hf["pad_token_id"] + 1 if self.positions_after_padding else 0)
 
     def covers(self, cfg: TransformerConfig) -> bool:
-        return (cfg.position == "learned" and not cfg.languages and cfg.embedding_norm and cfg.lm_head == "mlp"
-                and cfg.norm == "post" and cfg.embedding_size is None
+        return (bert_shaped(cfg) and cfg.norm == "post" and cfg.embedding_size is None
                 and bool(cfg.position_offset) == self.positions_after_padding)
 
     def export_config(self, cfg: TransformerConfig, special_ids: dict[str, int], shift: int) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lib.models.families.base import (GENERATOR_PREDICTIONS, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
                                       TOKEN_CLASSIFICATION, TaskModel, preferring)
-from lib.models.families.bert import Bert
+from lib.models.families.bert import Bert, bert_shaped
 from lib.models.transformer import TransformerConfig
 
 
@@ -23,8 +23,7 @@ class Electra(Bert):
     head_activation = "gelu"
 
     def covers(self, cfg: TransformerConfig) -> bool:
-        return (cfg.position == "learned" and not cfg.languages and cfg.embedding_norm and cfg.lm_head == "mlp"
-                and cfg.embedding_size is not None)
+        return bert_shaped(cfg) and cfg.embedding_size is not None
 
     def mismatch(self, cfg: TransformerConfig) -> str:
         if cfg.norm != "post":

@@ -5,7 +5,7 @@ import dataclasses
 
 from lib.models.families.base import (LM_HEAD, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
                                       TOKEN_CLASSIFICATION, TaskModel)
-from lib.models.families.bert import EMBEDDINGS, LAYER
+from lib.models.families.bert import EMBEDDINGS, LAYER, bert_shaped
 from lib.models.families.roberta import Roberta
 from lib.models.transformer import TransformerConfig
 
@@ -30,8 +30,7 @@ class RobertaPreLayerNorm(Roberta):
 
     def covers(self, cfg: TransformerConfig) -> bool:
         # positions from 0 or after the padding id alike: an export adds the rows in front (export_layout)
-        return (cfg.position == "learned" and not cfg.languages and cfg.embedding_norm and cfg.lm_head == "mlp"
-                and cfg.norm == "pre" and cfg.embedding_size is None)
+        return bert_shaped(cfg) and cfg.norm == "pre" and cfg.embedding_size is None
 
 
 FAMILY = RobertaPreLayerNorm()
