@@ -10,7 +10,7 @@ import torch
 from lib.config.params import load_params
 from lib.core.errors import UserError
 from lib.models.folder import load_model, save_model
-from lib.models.hf import ARCHITECTURES, export_family, import_model, import_tokenizer, resolve
+from lib.models.hf import export_family, import_model, import_tokenizer, resolve
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.electra import Electra
 
@@ -220,11 +220,12 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
             p.add_(torch.randn_like(p) * 0.05)
     save_model(model, tmp_path, SPECIAL)
     back = load_model(tmp_path)
-    assert back.cfg == cfg and export_family(cfg)[0] in json.loads((tmp_path / "config.json").read_text())["model_type"]
+    family, _ = export_family(cfg)
+    assert back.cfg == cfg and json.loads((tmp_path / "config.json").read_text())["model_type"] == family.name
     ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, 6:] = False
-    head = getattr(transformers, ARCHITECTURES[export_family(cfg)[0]][cfg.causal])
+    head = getattr(transformers, family.lm_classes[cfg.causal])
     with torch.no_grad():
         ours = model(ids, None, mask)
         assert torch.equal(back(ids, None, mask), ours)
@@ -243,7 +244,8 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=128, max_positions=64,
                             norm="post", lm_head="linear", segment_vocab=0, languages=["en", "de", "fr"],
                             causal=causal)
-    assert export_family(cfg) == ("xlm", "")
+    family, reason = export_family(cfg)
+    assert family.name == "xlm" and reason == ""
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -266,6 +268,19 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
             for again in (back, imported):
                 assert (again(ids, None, mask, **extra) - ours)[mask].abs().max() < TOL
         assert (model(ids, None, mask, language_ids=languages) - model(ids, None, mask))[mask].abs().max() > 0.01
+
+
+@pytest.mark.parametrize("shape", [*EXPORTABLE.values(), dict(norm="pre", embedding_size=16),
+                                   dict(norm="post", embedding_size=16, causal=True),
+                                   dict(norm="post", lm_head="linear", segment_vocab=0, languages=["en", "de"]),
+                                   dict(position="rope", norm="post"), dict(position="alibi")])
+def test_at_most_one_family_covers_a_config(shape):
+    """export_family asks the one family that covers a config whether it computes it: two would make the
+    answer depend on the registry's order."""
+    from lib.models.families import FAMILIES
+
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
+    assert len([name for name, family in FAMILIES.items() if family.covers(cfg)]) <= 1
 
 
 def test_a_model_with_languages_in_another_shape_names_what_xlm_needs():

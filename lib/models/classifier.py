@@ -16,10 +16,10 @@ Saved as a folder: the backbone as lib.models.transformer writes it (model.safet
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_classifier(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the same backbone and head
 (`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2, ESM or XLM shape) the
-folder is also in transformers' layout for the task's type (the type's `exports`: *ForSequenceClassification,
-also for regression, *ForTokenClassification, *ForQuestionAnswering, *ForMultipleChoice), the head's tensors
-in model.safetensors under its names; otherwise the head is head.safetensors and classifier.json's
-"transformers" says why.
+folder is also in transformers' layout for the task's type (the family's task model of the type's `task_model`
+shape: *ForSequenceClassification, also for regression, *ForTokenClassification, *ForQuestionAnswering,
+*ForMultipleChoice), the head's tensors in model.safetensors under its names; otherwise the head is
+head.safetensors and classifier.json's "transformers" says why.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_safetensors
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
+from lib.models.families import FAMILIES
+from lib.models.families.base import Family
 from lib.models.hf import export_family, load_exported, read_weights
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
@@ -76,13 +78,9 @@ def plain_head(cfg: TransformerConfig, n_classes: int, dropout: float) -> HeadCo
     no dense layer where it is an XLM (its SequenceSummary: one linear layer on the first token)."""
     if cfg.causal:
         return HeadConfig(n_classes, "token", block=False, dropout=dropout, bias=False)
-    return HeadConfig(n_classes, "token", block=False, dropout=dropout, pooler=head_activation(export_family(cfg)[0]))
-
-
-def head_activation(family: str | None) -> str | None:
-    """The activation of a bidirectional family's sequence-classification head: ELECTRA's GELU, none for
-    XLM's (one linear layer on the first token), else tanh."""
-    return {"electra": "gelu", "xlm": None}.get(family, "tanh")
+    family = export_family(cfg)[0]
+    return HeadConfig(n_classes, "token", block=False, dropout=dropout,
+                      pooler=(family or Family).head_activation)  # a backbone of no family: the default, tanh
 
 
 class ScalarMix(nn.Module):
@@ -219,7 +217,7 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def classifier_family(model: Classifier, special_ids: dict[str, int], kind: TaskType) -> tuple[str | None, str]:
+def classifier_family(model: Classifier, special_ids: dict[str, int], kind: TaskType) -> tuple[Family | None, str]:
     """(the transformers family whose model for task type `kind` computes what `model` does, "") or (None,
     why there is none)."""
     cfg, head = model.backbone.cfg, model.head_cfg
@@ -231,33 +229,26 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
     if head.features == "concat" or head.block:
         return None, f"ULMFiT's {'concat pooling' if head.features == 'concat' else 'classifier block'} has no " \
                      "transformers equivalent"
-    if family not in kind.exports:
-        return None, f"transformers has no {kind.name} model of the {family} family that computes this head"
-    if cfg.causal and family != "gpt2":
-        return None, (f"a causal {family}: of transformers' task models only GPT-2's are made for causal attention "
-                      "(the others' sequence heads read the first token, which then sees only itself)")
-    name = kind.exports[family][0]
+    if kind.task_model not in family.task_models:
+        return None, f"transformers has no {kind.name} model of the {family.name} family that computes this head"
+    if cfg.causal and not family.causal_task_models:
+        causal = "/".join(f.title for f in FAMILIES.values() if f.causal_task_models)
+        return None, (f"a causal {family.name}: of transformers' task models only {causal}'s are made for causal "
+                      "attention (the others' sequence heads read the first token, which then sees only itself)")
+    name = family.task_models[kind.task_model].cls
     if kind.per_token:
         if head.features != "tokens" or head.pooler is not None or not head.bias:
             return None, f"{name}'s head is one linear layer with bias on every position; this head is not"
         return family, ""
-    if family == "gpt2":
-        if head.pooler is not None or head.bias:
-            return None, "GPT-2's sequence-classification head is one linear layer without bias; this head is not"
-        if special_ids.get("pad") in (special_ids.get("eos"), None):
-            return None, "the pad token is also the end token, which GPT-2's head would skip as padding"
-        return family, ""
-    wanted = head_activation(family)
-    if head.pooler != wanted or not head.bias:
-        shape = f"dense + {wanted} + linear" if wanted else "one linear layer"
-        return None, f"{name}'s head is {shape} with bias; this head is not"
-    return family, ""
+    why = family.sequence_head_mismatch(head.pooler, head.bias, special_ids, name)
+    return (None, why) if why else (family, "")
 
 
-def head_tensor_names(model: Classifier, family: str, kind: TaskType) -> dict[str, str]:
+def head_tensor_names(model: Classifier, family: Family, kind: TaskType) -> dict[str, str]:
     """Our head's tensor names -> theirs in `family`'s model for task type `kind`."""
-    _, dense, out = kind.exports[family]
-    layers = {"1": dense, str(len(model.head) - 1): out} if dense else {str(len(model.head) - 1): out}
+    task_model = family.task_models[kind.task_model]
+    out = str(len(model.head) - 1)
+    layers = {"1": task_model.dense, out: task_model.out} if task_model.dense else {out: task_model.out}
     names = {}
     for name in model.head.state_dict():
         layer, _, leaf = name.partition(".")
@@ -265,7 +256,7 @@ def head_tensor_names(model: Classifier, family: str, kind: TaskType) -> dict[st
     return names
 
 
-def head_export(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[dict, dict]:
+def head_export(model: Classifier, family: Family, meta: dict[str, Any]) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
     `family` folder the model for the task's type (meta["type"]): the class, the labels, the output
     layer as that class reads it (TaskType.export_output)."""
@@ -273,9 +264,10 @@ def head_export(model: Classifier, family: str, meta: dict[str, Any]) -> tuple[d
     head = model.head.state_dict()
     tensors = {theirs: head[ours].detach().cpu().contiguous()
                for ours, theirs in head_tensor_names(model, family, kind).items()}
-    tensors.update(output_layer(tensors, kind.exports[family][2], kind, meta.get("info", {})))
+    task_model = family.task_models[kind.task_model]
+    tensors.update(output_layer(tensors, task_model.out, kind, meta.get("info", {})))
     labels = meta.get("label_names") or [f"LABEL_{i}" for i in range(model.head_cfg.n_classes)]
-    config = dict(architectures=[kind.exports[family][0]], classifier_dropout=model.head_cfg.dropout,
+    config = dict(architectures=[task_model.cls], classifier_dropout=model.head_cfg.dropout,
                   **kind.export_config(labels))
     return tensors, config
 
@@ -330,7 +322,7 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     special = saved_special_ids(tokenizer_dir)
     kind = saved_type(meta)
     family, why = classifier_family(model, special, kind)
-    line = f"{EXPORTED}{kind.exports[family][0]}" if family else f"lib layout only: {why}"
+    line = f"{EXPORTED}{family.task_models[kind.task_model].cls}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:
             save_model(model.backbone, tmp, special)

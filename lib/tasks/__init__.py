@@ -14,7 +14,7 @@ A type says, for lib/training/finetune.py's one fit loop:
 - what params may say of it (its metrics and their defaults, whether label_names apply, the
   text_pair_field it needs: `check`, run by `check_tasks` for every stage that reads `tasks`);
 - its soft loss for distillation, its train-only baseline (lib/metrics/baselines.py) and how a
-  timed call reads, its transformers classes per family and config keys for export
+  timed call reads, the shape of its transformers task model and config keys for export
   (lib/models/classifier.py), what its fields hold for decontamination (`field_kinds`).
 
 A new type is one module here with a TaskType subclass and its TYPE, and its entry in TYPES below.

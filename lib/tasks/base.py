@@ -118,9 +118,9 @@ class TaskType:
     field_kinds: dict[str, str] = {}
     per_token = False  # the head reads every position's state, not the sequence's summary
     head_dropout = True  # dropout before the output layer of the plain head (BERT's QA head has none)
-    # transformers' model of this type per checkpoint family (lib.models.hf): (class, the names there of
-    # the plain head's layers: its dense layer (None: it has none), its output layer); {} = none
-    exports: dict[str, tuple[str, str | None, str]] = {}
+    # the shape of transformers' task model this type exports as (lib.models.families.base: each family
+    # names its class of that shape, if it has one); None: none
+    task_model: str | None = None
     baseline: str  # the name the evaluation reports the type's train-only baseline under
     baseline_label: str  # and how the report shows it
     timed: str  # what one timed call of a model is, for the report ({seq_len}: evaluate.latency_seq_len)

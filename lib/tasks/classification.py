@@ -25,7 +25,7 @@ from lib.core.errors import UserError
 from lib.data.encoding import encode, padded
 from lib.metrics.baselines import tfidf_baseline
 from lib.metrics.scores import compute_metrics, confusion_matrix
-from lib.models.hf import SEQUENCE_CLASSIFIERS
+from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, read_split, smallest_hashes, text_hash
 
 
@@ -172,7 +172,7 @@ class Classification(TaskType):
     metrics = ("accuracy", "f1", "mcc")
     default_metrics = ("accuracy",)
     named_labels = True
-    exports = SEQUENCE_CLASSIFIERS
+    task_model = SEQUENCE_CLASSIFICATION
     baseline = "tfidf"
     baseline_label = "TF-IDF + LR"
     timed = "one text of {seq_len} tokens per call"

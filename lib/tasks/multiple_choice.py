@@ -28,6 +28,7 @@ from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
 from lib.metrics.baselines import tfidf_choice_scores
 from lib.metrics.scores import choice_accuracy, confusion_matrix
+from lib.models.families.base import MULTIPLE_CHOICE
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
 
@@ -119,11 +120,8 @@ class MultipleChoice(TaskType):
     # the words decontamination matches on, and as generic.
     field_kinds = {"text_pair_field": "endings"}
     # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
-    # to one score per choice; ELECTRA's (a SequenceSummary) and GPT-2's (a double-heads LM) differ
-    exports = {"bert": ("BertForMultipleChoice", "bert.pooler.dense", "classifier"),
-               "roberta": ("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier"),
-               "roberta-prelayernorm": ("RobertaPreLayerNormForMultipleChoice", "roberta_prelayernorm.pooler.dense",
-                                        "classifier")}
+    # to one score per choice
+    task_model = MULTIPLE_CHOICE
     baseline = "tfidf_choice"
     baseline_label = "TF-IDF ending cosine"
     timed = ("one question per call: its {n} (context, ending) sequences of {seq_len} tokens as one batch of {n}; "

@@ -32,7 +32,7 @@ from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
 from lib.metrics.baselines import tfidf_similarity
 from lib.metrics.scores import pearson, spearman
-from lib.models.hf import SEQUENCE_CLASSIFIERS
+from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import TaskType, read_split
 from lib.tasks.base import UNLABELED, TaskData
 
@@ -125,7 +125,7 @@ class Regression(TaskType):
     name = "regression"
     metrics = ("pearson", "spearman")
     default_metrics = ("pearson", "spearman")
-    exports = SEQUENCE_CLASSIFIERS  # one output, problem_type "regression"
+    task_model = SEQUENCE_CLASSIFICATION  # one output, problem_type "regression"
     baseline = "tfidf_similarity"
     baseline_label = "TF-IDF cosine"
     timed = "one sentence pair of {seq_len} tokens per call"

@@ -47,7 +47,7 @@ from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
 from lib.metrics.baselines import OverlapQA
 from lib.metrics.scores import apply_no_answer_threshold, best_no_answer_threshold, golds, squad_scores
-from lib.models.hf import CLASS_PREFIXES
+from lib.models.families.base import QUESTION_ANSWERING
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
 
@@ -270,10 +270,7 @@ class SpanQA(TaskType):
     calibrated = True  # SQuAD 2.0's no-answer threshold, picked on dev
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
-    # transformers has no EsmForQuestionAnswering; XLMForQuestionAnswering is XLM's beam-search head, its
-    # ...Simple the linear one
-    exports = {family: (f"{prefix}ForQuestionAnswering{'Simple' * (family == 'xlm')}", None, "qa_outputs")
-               for family, prefix in CLASS_PREFIXES.items() if family != "esm"}
+    task_model = QUESTION_ANSWERING  # a linear layer on every state to start and end logits
     baseline = "overlap_qa"
     baseline_label = "word-overlap QA"
     timed = "one window of {seq_len} tokens per call (a longer context takes several)"

@@ -43,7 +43,7 @@ from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
 from lib.metrics.baselines import lexicon_tags
 from lib.metrics.scores import confusion_matrix, entity_scores
-from lib.models.hf import CLASS_PREFIXES
+from lib.models.families.base import TOKEN_CLASSIFICATION
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, label_config, read_split, soft_loss
 
@@ -190,8 +190,7 @@ class Tagging(TaskType):
     named_labels = True
     field_kinds = {"text_field": "words"}  # a list of words, which a document holds joined by spaces
     per_token = True
-    exports = {family: (f"{prefix}ForTokenClassification", None, "classifier")  # a linear layer on every state
-               for family, prefix in CLASS_PREFIXES.items()}
+    task_model = TOKEN_CLASSIFICATION  # a linear layer on every state
     baseline = "lexicon"
     baseline_label = "lexicon tagger"
     timed = "one sentence of {seq_len} tokens per call, a tag per token"
