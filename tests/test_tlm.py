@@ -14,7 +14,7 @@ from lib.core.errors import UserError
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.pairs import PairBatches
 from lib.data.windows import TaggedWindows, WindowBatches, Windows
-from lib.objectives import check_objective
+from lib.objectives import BatchPlan, check_objective
 from lib.objectives.tlm import WindowAndPairBatches, WindowsAndPairs
 from lib.objectives.masking import mask_tokens
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB
@@ -150,6 +150,30 @@ def test_forward_contract_and_flops_count_the_pairs(tmp_path):
     assert metrics["loss"] == pytest.approx(float(metrics["mlm_loss"] + metrics["tlm_loss"]))
     loss.backward()
     assert objective.backbone().embeddings.language.weight.grad.abs().sum() > 0
+
+
+def test_tlm_batches_are_tagged_windows_with_pairs_beside_them(tmp_path):
+    """tlm builds its batches itself: mlm's windows with their languages, tlm.pair_batch pairs beside
+    each, the pairs' files listed after the windows' (what the run's fingerprint counts), and it
+    learns what the pairs cost."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "valid"):
+        (tmp_path / "tokens").mkdir(exist_ok=True), (tmp_path / "parallel").mkdir(exist_ok=True)
+        write_pairs(tmp_path / "parallel" / split, translated(8, 5, rng))
+        with PackedWriter(tmp_path / "tokens" / split, TOY_VOCAB, EOS, languages=["en", "de"]) as writer:
+            writer.add([[5, 6, 7, 8] * 5, [30, 31, 32] * 5], [[1] * 20, [1] * 15], languages=["en", "de"])
+    objective = tlm(pair_batch=4)
+    plan = BatchPlan(tokens=tmp_path / "tokens", parallel=tmp_path / "parallel", seq_len=8, batch_size=2,
+                     eval_batches=2, seed=0, batch_key="pretrain.batch_size", share=lambda n, key: slice(None))
+    batches = objective.batches(plan)
+    for batch in [batches.train.batch(3), *batches.valid]:
+        assert isinstance(batch, WindowsAndPairs) and batch.tokens.shape == (2, 9) and len(batch.pairs) == 4
+        german, english = batch.tokens >= 30, (batch.tokens >= FIRST) & (batch.tokens < 30)
+        assert (batch.language_ids[german] == 1).all() and (batch.language_ids[english] == 0).all()
+    assert len(batches.valid) == 2
+    assert [split.prefix for split in batches.splits] == [tmp_path / folder / split for folder in ("tokens", "parallel")
+                                                          for split in ("train", "valid")]
+    assert objective.flops_per_token(8) > objective.backbone().flops_per_token(8, predicted=0.15)
 
 
 def test_languages_and_pairs_stop_at_start_without_each_other():
