@@ -52,6 +52,8 @@ class BatchStream(Protocol):
 
 @dataclass
 class Windows(Batch):
+    """Windows of the packed token stream, W = seq_len + 1 tokens each."""
+
     tokens: Tensor  # (B, W) long
     word_starts: Tensor  # (B, W) bool: word starts, or where each of the knowledge units asked for starts
 
