@@ -23,7 +23,7 @@ TOY_VOCAB = 60
 def counting_rows(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, word_starts) of learnable windows: each row counts up from a random start by a step of
     1-3 over ids 5..59, with an eos at position 13; word starts on every other token. Used by the
-    objectives' tests and bench/electra_context.py."""
+    objectives' tests and (as counting_batch) bench/electra_context.py."""
     first = len(TOY_SPECIAL)
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(0, TOY_VOCAB - first, (rows, 1), generator=g)

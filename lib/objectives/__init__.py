@@ -33,7 +33,7 @@ from lib.core.io import read_safetensors, write_safetensors
 from lib.models.folder import load_model, save_model
 from lib.models.transformer import TransformerConfig
 from lib.objectives.base import (  # noqa: F401 (the interface)
-    OBJECTIVES, BatchPlan, Batches, Objective, fitting_objective, register)
+    OBJECTIVES, BatchPlan, Objective, fitting_objective, register)
 
 
 def reading(field: str) -> list[str]:
