@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lib.config.params import CorpusConfig, Corpora, ModelConfig, Params  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives import electra  # noqa: E402
-from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_rows  # noqa: E402
+from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_batch  # noqa: E402
 
 FIRST_ID = len(TOY_SPECIAL)
 
@@ -44,7 +44,7 @@ def steps_to_context(position: str, seed: int, cap: int) -> int | None:
     optimizer = torch.optim.Adam(objective.parameters(), lr=3e-3)
     recent: list[float] = []
     for step in range(1, cap + 1):
-        loss, metrics = objective(*counting_rows(32, 33, seed=step))
+        loss, metrics = objective(counting_batch(32, 33, seed=step))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

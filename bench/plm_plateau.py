@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lib.config.params import CorpusConfig, Corpora, MLMConfig, ModelConfig, Params  # noqa: E402
+from lib.data.windows import TaggedWindows  # noqa: E402
 from lib.models.transformer import LM_HEADS  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB, two_sided_rows  # noqa: E402
@@ -43,7 +44,7 @@ def steps_to_context(variant: str, seed: int, cap: int, lm_head: str) -> int | N
     rows = torch.Generator().manual_seed(seed)
     for step in range(1, cap + 1):
         tokens = two_sided_rows(32, LENGTH + 1, rows)
-        loss, metrics = objective(tokens, torch.ones_like(tokens, dtype=torch.bool))
+        loss, metrics = objective(TaggedWindows(tokens, torch.ones_like(tokens, dtype=torch.bool)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 from lib.config.params import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
 from lib.core import runtime  # noqa: E402
 from lib.core.errors import one_line, run_main  # noqa: E402
+from lib.data.windows import TaggedWindows  # noqa: E402
 from lib.models.transformer import Transformer, TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
@@ -104,7 +105,8 @@ def build_ours(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
     corpus = CorpusConfig(source="unused")  # the objectives read only the model and mlm sections
     params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model_config(shape))
     objective = build_objective(shape.objective, params, shape.vocab, SPECIAL)
-    return objective, lambda forward: forward(*batch)[0]
+    windows = TaggedWindows(*batch)
+    return objective, lambda forward: forward(windows)[0]
 
 
 def build_hf(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:

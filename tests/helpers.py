@@ -11,6 +11,8 @@ from typing import Iterator
 import torch
 import yaml
 
+from lib.data.windows import TaggedWindows
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 # the toy vocabulary of counting_rows: the special tokens, then ids 5..59 that the rows count over
@@ -21,7 +23,7 @@ TOY_VOCAB = 60
 def counting_rows(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, word_starts) of learnable windows: each row counts up from a random start by a step of
     1-3 over ids 5..59, with an eos at position 13; word starts on every other token. Used by the
-    objectives' tests and bench/electra_context.py."""
+    objectives' tests and (as counting_batch) bench/electra_context.py."""
     first = len(TOY_SPECIAL)
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(0, TOY_VOCAB - first, (rows, 1), generator=g)
@@ -31,6 +33,11 @@ def counting_rows(rows: int = 8, length: int = 33, seed: int = 0) -> tuple[torch
     word_starts = (torch.arange(length) % 2 == 0).expand(rows, length).clone()
     word_starts |= tokens == TOY_SPECIAL["eos"]
     return tokens, word_starts
+
+
+def counting_batch(rows: int = 8, length: int = 33, seed: int = 0) -> TaggedWindows:
+    """counting_rows as a batch that every objective reads (TaggedWindows are Windows; no languages)."""
+    return TaggedWindows(*counting_rows(rows, length, seed))
 
 
 def two_sided_rows(rows: int, length: int, generator: torch.Generator, n: int = 7) -> torch.Tensor:

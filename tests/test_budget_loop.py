@@ -32,8 +32,9 @@ class NextToken(nn.Module):
         self.out = nn.Linear(16, VOCAB)
         self.calls, self.poison_after = 0, poison_after
 
-    def forward(self, tokens, word_starts):
+    def forward(self, batch):
         self.calls += 1
+        tokens = batch.tokens
         logits = self.out(self.drop(self.norm(self.embed(tokens[:, :-1]))))
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         if self.poison_after is not None and self.calls > self.poison_after:
@@ -181,15 +182,15 @@ def test_no_weight_decay_on_biases_norms_and_optionally_embeddings():
 
 def test_batches_are_a_function_of_the_step(packed):
     batches = WindowBatches(packed[0], 17, 4, seed=1)
-    assert torch.equal(batches.batch(5)[0], batches.batch(5)[0])
-    assert not torch.equal(batches.batch(5)[0], batches.batch(6)[0])
-    tokens, word_starts = batches.batch(0)
-    assert tokens.shape == word_starts.shape == (4, 17) and tokens.dtype == torch.int64
+    assert torch.equal(batches.batch(5).tokens, batches.batch(5).tokens)
+    assert not torch.equal(batches.batch(5).tokens, batches.batch(6).tokens)
+    batch = batches.batch(0)
+    assert batch.tokens.shape == batch.word_starts.shape == (4, 17) and batch.tokens.dtype == torch.int64
 
 
 def test_fixed_validation_windows_do_not_overlap(packed):
     batches = fixed_windows(packed[1], 17, 4, n_batches=100)
-    windows = torch.cat([t for t, _ in batches])
+    windows = torch.cat([batch.tokens for batch in batches])
     assert len(windows) == packed[1].n_tokens // 17
     stream = torch.from_numpy(packed[1].tokens.astype(np.int64))
     assert torch.equal(windows[1], stream[17:34])

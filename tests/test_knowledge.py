@@ -105,12 +105,12 @@ def test_batches_carry_unit_starts(tmp_path):
     with PackedWriter(tmp_path / "train", 100, EOS, units=("phrase", "entity")) as writer:
         writer.add(tokens, words, {"phrase": phrase, "entity": entity})
     packed = PackedTokens(tmp_path / "train")
-    flags = {units: fixed_windows(packed, 9, 1, 1, units=units)[0][1][0].tolist()
+    flags = {units: fixed_windows(packed, 9, 1, 1, units=units)[0].word_starts[0].tolist()
              for units in [(), ("phrase",), ("entity",), ("phrase", "entity")]}
     assert flags == {(): [1, 1, 1, 0, 1, 1, 1, 1, 1], ("phrase",): [1, 0, 1, 0, 1, 1, 0, 1, 1],
                      ("entity",): [1, 1, 1, 0, 0, 1, 0, 0, 1], ("phrase", "entity"): [1, 0, 1, 0, 0, 1, 0, 0, 1]}
     batch = WindowBatches(packed, 9, 2, seed=0, units=knowledge_units("both")).batch(0)
-    assert batch[1].tolist() == [flags[("phrase", "entity")]] * 2
+    assert batch.word_starts.tolist() == [flags[("phrase", "entity")]] * 2
 
 
 def test_a_masked_phrase_is_masked_whole_end_to_end(tmp_path, wordpiece):
@@ -118,7 +118,8 @@ def test_a_masked_phrase_is_masked_whole_end_to_end(tmp_path, wordpiece):
     encode_to_packed(wordpiece, iter(["we saw new york and again. " * 20]), tmp_path / "train",
                      wordpiece.get_vocab_size(), EOS, batch_docs=1, knowledge=KNOWLEDGE)
     packed = PackedTokens(tmp_path / "train")
-    tokens, starts = fixed_windows(packed, packed.n_tokens, 1, 1, units=("phrase",))[0]
+    batch = fixed_windows(packed, packed.n_tokens, 1, 1, units=("phrase",))[0]
+    tokens, starts = batch.tokens, batch.word_starts
     york = torch.tensor(wordpiece.encode("new york", add_special_tokens=False).ids)
     at = [i for i in range(tokens.shape[1] - len(york) + 1) if torch.equal(tokens[0, i:i + len(york)], york)]
     assert len(at) == 20

@@ -10,13 +10,16 @@ import torch.nn.functional as F
 
 from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
 from lib.core.errors import UserError
+from lib.data.packed import PackedWriter
+from lib.data.windows import TaggedWindows
 from lib.models.folder import load_model
 from lib.models.transformer import Transformer
-from lib.objectives import OBJECTIVES, Objective, build_objective, load_objective, objective_extras, save_objective
+from lib.objectives import (OBJECTIVES, BatchPlan, Objective, build_objective, load_objective, objective_extras,
+                            save_objective)
 from lib.objectives import electra as electra_module
 from lib.objectives.electra import Electra, roc_auc
 from lib.objectives.sentence import sentence_pairs
-from tests.helpers import ROOT, TOY_SPECIAL, TOY_VOCAB, counting_rows
+from tests.helpers import ROOT, TOY_SPECIAL, TOY_VOCAB, counting_batch, counting_rows
 
 DEFAULT_POSITION = load_params(ROOT / "params.yaml").model.position  # the default chain's
 METRICS = {
@@ -68,7 +71,7 @@ def test_unknown_objective_names_the_key_and_the_choices():
 def test_forward_contract(name):
     objective = build(name)
     tokens, word_starts = counting_rows()
-    loss, metrics = objective(tokens, word_starts)
+    loss, metrics = objective(TaggedWindows(tokens, word_starts))
     assert loss.dim() == 0 and torch.isfinite(loss) and loss.requires_grad
     assert set(metrics) == METRICS[name]
     for value in metrics.values():
@@ -84,10 +87,10 @@ def test_seeded_validation_is_reproducible(name):
     tokens, word_starts = counting_rows()
     with torch.no_grad():
         torch.manual_seed(7)
-        first, _ = objective(tokens, word_starts)
+        first, _ = objective(TaggedWindows(tokens, word_starts))
         torch.manual_seed(7)
-        again, _ = objective(tokens, word_starts)
-        other, _ = objective(tokens, word_starts)
+        again, _ = objective(TaggedWindows(tokens, word_starts))
+        other, _ = objective(TaggedWindows(tokens, word_starts))
     assert first == again
     assert name in ("clm", "bilm") or other != first  # masking objectives draw new masks
 
@@ -95,7 +98,7 @@ def test_seeded_validation_is_reproducible(name):
 def test_clm_loss_is_next_token_cross_entropy():
     objective = build("clm").eval()
     tokens, word_starts = counting_rows()
-    loss, metrics = objective(tokens, word_starts)
+    loss, metrics = objective(TaggedWindows(tokens, word_starts))
     logits = objective.model.lm_logits(objective.model(tokens[:, :-1]))
     expected = F.cross_entropy(logits.reshape(-1, TOY_VOCAB), tokens[:, 1:].reshape(-1))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
@@ -144,7 +147,7 @@ def test_bilm_shares_the_embeddings_and_the_softmax_and_nothing_else(tie):
     # what a model folder keeps beside the backbone, so that adapt continues both directions
     extras = objective_extras(objective)
     assert extras and all(name.startswith(("backward_stack.blocks.", "backward_stack.norm.")) for name in extras)
-    loss, _ = objective(*counting_rows())
+    loss, _ = objective(counting_batch())
     loss.backward()
     assert forward.embeddings.token.weight.grad is not None and all(p.grad is not None for p in backward.blocks.parameters())
 
@@ -155,9 +158,9 @@ def test_bilm_folder_round_trip_keeps_both_directions(tmp_path):
     save_objective(saved, tmp_path)
     loaded = build("bilm", seed=1)
     assert load_objective(loaded, tmp_path)
-    tokens, word_starts = counting_rows()
+    batch = counting_batch()
     with torch.no_grad():
-        expected, got = saved.eval()(tokens, word_starts)[1], loaded.eval()(tokens, word_starts)[1]
+        expected, got = saved.eval()(batch)[1], loaded.eval()(batch)[1]
     assert got["forward_loss"] == expected["forward_loss"] and got["backward_loss"] == expected["backward_loss"]
     assert load_model(tmp_path).cfg.causal
 
@@ -166,7 +169,7 @@ def test_bilm_loss_is_the_mean_of_next_and_previous_token_cross_entropy():
     """By hand, in the original order: the forward state at t predicts token t+1, the backward one token t-1."""
     objective = build("bilm").eval()
     tokens, word_starts = counting_rows()
-    loss, metrics = objective(tokens, word_starts)
+    loss, metrics = objective(TaggedWindows(tokens, word_starts))
     with torch.no_grad():
         forward_logits = objective.forward_stack.lm_logits(objective.forward_stack(tokens[:, :-1]))
         backward_logits = objective.forward_stack.lm_logits(objective.backward_states(tokens[:, 1:]))
@@ -191,7 +194,7 @@ def test_mlm_logits_only_at_selected_positions(monkeypatch, mode):
     monkeypatch.setattr(objective.model, "lm_logits", lambda h: seen.append(h.shape) or real(h))
     tokens, word_starts = counting_rows(rows=16)
     torch.manual_seed(3)
-    loss, metrics = objective(tokens, word_starts)
+    loss, metrics = objective(TaggedWindows(tokens, word_starts))
     n_real = (tokens[:, :-1] != TOY_SPECIAL["eos"]).sum().item()
     (n, d), = seen
     assert d == 32 and 0 < n and abs(n - 0.15 * n_real) < 0.05 * n_real
@@ -204,7 +207,7 @@ def train(objective: Objective, steps: int, lr: float = 3e-3) -> list[dict[str, 
     optimizer = torch.optim.Adam(objective.parameters(), lr=lr)
     history = []
     for _ in range(steps):
-        loss, metrics = objective(tokens, word_starts)
+        loss, metrics = objective(TaggedWindows(tokens, word_starts))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -248,7 +251,7 @@ def own(module: torch.nn.Module, shared: torch.nn.Module) -> list[torch.nn.Param
 def fresh_losses(objective: Electra) -> tuple[torch.Tensor, torch.Tensor]:
     objective.zero_grad(set_to_none=True)
     torch.manual_seed(1)
-    gen_loss, disc_loss, _ = objective.losses(*counting_rows())
+    gen_loss, disc_loss, _ = objective.losses(counting_batch())
     return gen_loss, disc_loss
 
 
@@ -278,7 +281,7 @@ def test_electra_gradients_flow_as_designed(tie):
 def test_electra_unused_parameters_are_only_the_discriminator_lm_head():
     """The discriminator's LM head takes no part in the loss: its grads stay None (optimizers skip them)."""
     objective = build("electra", model=dataclasses.replace(tiny_params().model, tie_embeddings=False))
-    loss, _ = objective(*counting_rows())
+    loss, _ = objective(counting_batch())
     loss.backward()
     unused = {name for name, p in objective.named_parameters() if p.grad is None}
     assert unused == {f"discriminator.head.{n}" for n, _ in objective.discriminator.head.named_parameters()}
@@ -297,7 +300,7 @@ def test_electra_replacements_come_from_the_generator(monkeypatch):
 
     monkeypatch.setattr(objective.discriminator, "forward", spy)
     torch.manual_seed(0)
-    _, _, metrics = objective.losses(tokens, word_starts)
+    _, _, metrics = objective.losses(TaggedWindows(tokens, word_starts))
     corrupted, original = seen["x"], tokens[:, :-1]
     changed = corrupted != original
     assert changed.float().mean() > 0.3  # an untrained generator rarely guesses right
@@ -325,7 +328,7 @@ def test_electra_generator_width_follows_params():
 def test_electra_builds_on_model_variants(variant):
     """The generator shares the discriminator's embeddings whatever their size or position scheme."""
     objective = build("electra", model=dataclasses.replace(tiny_params().model, **variant))
-    loss, _ = objective(*counting_rows())
+    loss, _ = objective(counting_batch())
     loss.backward()
     assert torch.isfinite(loss) and objective.generator.embeddings is objective.discriminator.embeddings
 
@@ -374,7 +377,7 @@ def test_sentence_pairs_skip_windows_without_room_to_cut():
 def test_mlm_with_a_sentence_task_trains_its_head_outside_the_backbone(task):
     objective = build("mlm", mlm=MLMConfig(sentence=task))
     tokens, word_starts = counting_rows()
-    loss, metrics = objective(tokens, word_starts)
+    loss, metrics = objective(TaggedWindows(tokens, word_starts))
     assert set(metrics) == {"loss", "accuracy", "mlm_loss", f"{task}_loss", f"{task}_accuracy"}
     assert metrics["loss"].item() == pytest.approx((metrics["mlm_loss"] + metrics[f"{task}_loss"]).item(), rel=1e-5)
     loss.backward()
@@ -427,21 +430,30 @@ def test_electra_discriminator_learns_from_context(monkeypatch, position):
         logits=uniform.expand(len(logits), -1)).sample())
     optimizer = torch.optim.Adam(objective.parameters(), lr=3e-3)
     for step in range(500):
-        loss, _ = objective(*counting_rows(rows=32, seed=step + 1))
+        loss, _ = objective(counting_batch(rows=32, seed=step + 1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     objective.eval()
     with torch.no_grad():
-        aucs = [float(objective(*counting_rows(rows=32, seed=10_000 + i))[1]["disc_auc"]) for i in range(4)]
+        aucs = [float(objective(counting_batch(rows=32, seed=10_000 + i))[1]["disc_auc"]) for i in range(4)]
     assert min(aucs) > 0.8, aucs
 
 
 @pytest.mark.parametrize("knowledge, units", [("none", ()), ("phrase", ("phrase",)), ("entity", ("entity",)),
                                               ("both", ("phrase", "entity"))])
-def test_masking_objectives_ask_for_their_knowledge_units(knowledge, units):
-    """The batches of mlm and electra (lib/training/lm.py reads `units`) carry the unit starts that
-    mlm.knowledge names; clm masks nothing and reads word starts."""
-    for name in ("mlm", "electra"):
-        assert build(name, mlm=MLMConfig(knowledge=knowledge)).units == units
-    assert build("clm", mlm=MLMConfig(knowledge=knowledge)).units == ()
+def test_masking_objectives_ask_for_their_knowledge_units(tmp_path, knowledge, units):
+    """The batches of mlm and electra carry, as word starts, where a unit of each kind mlm.knowledge
+    names starts; clm masks nothing and reads the word starts."""
+    flags = {"word": [1, 0, 1, 0, 1, 1, 0, 1], "phrase": [1, 1, 0, 0, 1, 1, 1, 0], "entity": [1, 1, 1, 0, 0, 1, 0, 1]}
+    for split in ("train", "valid"):
+        with PackedWriter(tmp_path / split, TOY_VOCAB, TOY_SPECIAL["eos"], units=("phrase", "entity")) as writer:
+            writer.add([list(range(10, 18))], [flags["word"]], {unit: [flags[unit]] for unit in ("phrase", "entity")})
+    plan = BatchPlan(tmp_path, tmp_path / "none", seq_len=8, batch_size=1, eval_batches=1, seed=0,
+                     batch_key="pretrain.batch_size", share=lambda n, key: slice(None))
+    for name in ("mlm", "electra", "clm"):
+        batches = build(name, mlm=MLMConfig(knowledge=knowledge)).batches(plan)
+        read = units if name != "clm" else ()
+        expected = [all(flags[kind][i] for kind in read or ("word",)) for i in range(8)] + [True]  # then the eos
+        assert batches.valid[0].word_starts[0].tolist() == expected
+        assert batches.train.batch(0).word_starts[0].tolist() == expected  # the one window there is

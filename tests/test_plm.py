@@ -9,9 +9,10 @@ import torch
 
 from lib.config.params import ParamsError, PLMConfig
 from lib.core.errors import UserError
+from lib.data.windows import Windows
 from lib.models.transformer import Transformer
 from lib.objectives.plm import PermutationLM, two_stream_masks
-from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_rows, two_sided_rows
+from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_batch, counting_rows, two_sided_rows
 from tests.test_objectives import build, one_thread, tiny_params  # noqa: F401 (the fixture applies here too)
 
 
@@ -60,7 +61,7 @@ def test_finetuning_reads_an_ordinary_bidirectional_backbone():
 
 def test_forward_contract():
     objective = plm(partial_k=4)
-    loss, metrics = objective(*counting_rows())
+    loss, metrics = objective(counting_batch())
     assert set(metrics) == {"loss", "accuracy"} and metrics["loss"] == loss.detach()
     loss.backward()
     assert objective.query_start.grad.abs().sum() > 0
@@ -89,7 +90,7 @@ def test_learns_what_only_context_on_both_sides_tells():
     g = torch.Generator().manual_seed(0)
     for _ in range(600):
         rows = two_sided_rows(32, 9, g)
-        loss, _ = objective(rows, torch.ones_like(rows, dtype=torch.bool))
+        loss, _ = objective(Windows(rows, torch.ones_like(rows, dtype=torch.bool)))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

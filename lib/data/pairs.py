@@ -11,26 +11,26 @@ run reads the batches an uninterrupted one would.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from lib.core.errors import UserError
-from lib.data.packed import PackedTokens, packed_path
+from lib.data.packed import PackedTokens
+from lib.data.windows import Batch, language_map
 
 
-Batch = tuple[torch.Tensor, ...]  # tokens, word_starts, language_ids, position_ids, attention_mask, each (B, L)
+@dataclass
+class TranslationPairs(Batch):
+    """Rows of pairs, each (B, L), padded on the right."""
 
-
-def language_map(packed: PackedTokens, languages: Sequence[str]) -> np.ndarray:
-    """The model's language row (an index into `languages`, model.languages) of each language id of
-    `packed`; a language the model lacks is a UserError."""
-    missing = [code for code in packed.languages if code not in languages]
-    if missing or packed.language_ids is None:
-        raise UserError(f"{packed_path(packed.prefix, '.json')}: languages {packed.languages or 'none'}, but "
-                        f"model.languages is {list(languages)}; list every language of the corpora there "
-                        f"(and rerun the tokenizer stage if the token files predate corpora.parallel)")
-    return np.array([list(languages).index(code) for code in packed.languages], np.int64)
+    tokens: Tensor  # long: [side a ; eos ; side b ; eos], then pad
+    word_starts: Tensor  # bool
+    language_ids: Tensor  # long: each token's row of model.languages
+    position_ids: Tensor  # long: restarting at side b
+    attention_mask: Tensor  # bool: True at real tokens
 
 
 class PairBatches:
@@ -55,20 +55,19 @@ class PairBatches:
         lengths = np.diff(self.packed.doc_offsets)
         return float(np.minimum(lengths, self.side_len).reshape(-1, 2).sum(1).mean())
 
-    def batch(self, step: int, micro: int = 0) -> Batch:
+    def batch(self, step: int, micro: int = 0) -> TranslationPairs:
         rng = np.random.default_rng([self.seed, step, micro, 1])  # 1: not the window stream's draws
         pairs = rng.integers(0, self.n_pairs, size=self.batch_size)
         return self.rows_of(pairs[self.rows])
 
-    def fixed(self, n_batches: int) -> list[Batch]:
+    def fixed(self, n_batches: int) -> list[TranslationPairs]:
         """A fixed validation set: up to n_batches batches of pairs spread evenly over the split."""
         count = min(self.n_pairs, n_batches * self.batch_size)
         pairs = np.linspace(0, self.n_pairs - 1, count).round().astype(np.int64)
         return [self.rows_of(pairs[i:i + self.batch_size]) for i in range(0, count, self.batch_size)]
 
-    def rows_of(self, pairs: np.ndarray) -> Batch:
-        """The padded rows of the given pair indices: tokens (long), word_starts (bool), language_ids
-        (rows of model.languages), position_ids (long), attention_mask (bool), each (B, L)."""
+    def rows_of(self, pairs: np.ndarray) -> TranslationPairs:
+        """The padded rows of the given pair indices."""
         packed, offsets = self.packed, self.packed.doc_offsets
         sides = [(self.side(offsets[2 * p], offsets[2 * p + 1]), self.side(offsets[2 * p + 1], offsets[2 * p + 2]))
                  for p in pairs]
@@ -84,7 +83,7 @@ class PairBatches:
             languages[row, cells] = self.to_model[packed.language_ids[index]]
             positions[row, cells] = np.concatenate([np.arange(len(a)), np.arange(len(b))])
             mask[row, cells] = True
-        return tuple(torch.from_numpy(t) for t in (tokens, word_starts, languages, positions, mask))
+        return TranslationPairs(*(torch.from_numpy(t) for t in (tokens, word_starts, languages, positions, mask)))
 
     def side(self, start: int, stop: int) -> np.ndarray:
         """The token indices of one side, its eos last, cut to side_len (the eos kept)."""
@@ -92,12 +91,3 @@ class PairBatches:
             return np.arange(start, stop)
         return np.r_[start:start + self.side_len - 1, stop - 1]
 
-
-class WindowsAndPairs:
-    """A step's token windows, then its translation pairs, as one batch (objective tlm)."""
-
-    def __init__(self, windows, pairs: PairBatches):
-        self.windows, self.pairs = windows, pairs
-
-    def batch(self, step: int, micro: int = 0) -> Batch:
-        return (*self.windows.batch(step, micro), *self.pairs.batch(step, micro))

@@ -1,12 +1,15 @@
 """Pretraining objectives, plugged into the trainer by name.
 
-An objective owns its model(s) and turns a batch of token windows into a loss; the trainer knows
-nothing else about it. The contract:
+An objective owns its model(s), says which batches it reads and how they are built from the packed
+token files, and turns one into a loss; the trainer knows nothing else about it. The contract:
 
     objective = build_objective(name, params, vocab_size, special_ids[, arch])
-    loss, metrics = objective(tokens, word_starts)  # (B, T+1) windows of packed documents
-    model = objective.backbone()                     # the Transformer later stages fine-tune
+    batches = objective.batches(plan)  # BatchPlan -> Batches: .train.batch(step, micro), .valid, .splits
+    loss, metrics = objective(batch)   # a batch of its type objective.reads (named fields)
+    model = objective.backbone()       # the Transformer later stages fine-tune
 
+A batch is a dataclass of named tensors (lib/data/windows.py): Windows (tokens and word_starts,
+(B, T+1) windows of packed documents), TaggedWindows (their language_ids too), tlm's WindowsAndPairs.
 `metrics` holds detached scalar tensors, always with "loss". All randomness (masks, samples) comes
 from torch's global RNG, which the trainer checkpoints and, for validation, seeds.
 
@@ -16,6 +19,7 @@ decorated with `@register`; every module here is imported below, so nothing else
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from pathlib import Path
@@ -28,7 +32,13 @@ from lib.core.errors import UserError
 from lib.core.io import read_safetensors, write_safetensors
 from lib.models.folder import load_model, save_model
 from lib.models.transformer import TransformerConfig
-from lib.objectives.base import OBJECTIVES, Objective, fitting_objective, register  # noqa: F401 (the interface)
+from lib.objectives.base import (  # noqa: F401 (the interface)
+    OBJECTIVES, BatchPlan, Objective, fitting_objective, register)
+
+
+def reading(field: str) -> list[str]:
+    """The objectives whose batches carry `field`."""
+    return [name for name, cls in OBJECTIVES.items() if field in {f.name for f in dataclasses.fields(cls.reads)}]
 
 
 def check_objective(params: Params) -> None:
@@ -40,15 +50,15 @@ def check_objective(params: Params) -> None:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.sentence_task)
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} needs objective: {able} and model.segment_vocab >= 2 "
                           f"(they are {params.objective} and {params.model.segment_vocab}); set mlm.sentence: none")
-    if params.corpora.parallel and not objective.reads_languages:
-        able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.reads_languages)
+    if params.corpora.parallel and params.objective not in reading("language_ids"):
+        able = ", ".join(reading("language_ids"))
         raise ParamsError(f"corpora.parallel: its text of several languages trains with objective: {able} (which "
                           f"read each token's language), not {params.objective}; change the objective or set "
                           "corpora.parallel: {}")
     if params.corpora.parallel and params.mlm.sentence != "none":
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with corpora.parallel (XLM) is not supported; "
                           "set mlm.sentence: none")
-    if objective.reads_pairs and not params.corpora.parallel:
+    if params.objective in reading("pairs") and not params.corpora.parallel:
         raise ParamsError(f"objective: {params.objective} trains on translation pairs: set corpora.parallel (e.g. "
                           "multi30k_en_de, params.yaml) and list its languages in model.languages")
     if params.finetune.aux_lm_weight > 0 and not objective.causal:

@@ -1,30 +1,67 @@
 """The objective interface (see lib/objectives/__init__.py) and the registry objectives join by name."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from torch import Tensor, nn
 
 from lib.config.params import Params
 from lib.core.errors import UserError
+from lib.data.packed import PackedTokens
+from lib.data.windows import Batch, BatchStream, Windows, WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel
 from lib.models.transformer import Transformer, TransformerConfig
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the trainer asks an objective's batches to be built from and how big they are."""
+
+    tokens: Path  # the packed token stream: <tokens>/train and <tokens>/valid (lib/data/packed.py)
+    parallel: Path  # packed translation pairs: <parallel>/train and <parallel>/valid (lib/data/pairs.py)
+    seq_len: int  # positions trained per window; windows hold seq_len + 1 tokens (a causal one predicts t+1)
+    batch_size: int  # windows of a training micro-batch and of a validation batch
+    eval_batches: int  # the fixed validation set's batches
+    seed: int  # of the training batches' draws
+    batch_key: str  # the setting batch_size comes from ("<stage>.batch_size"), for share's error
+    # this process's rows of every batch of n rows (its rank's share under torchrun), the setting of n named
+    share: Callable[[int, str], slice]
+
+
+@dataclass
+class Batches:
+    """An objective's batches, as it reads them."""
+
+    train: BatchStream
+    valid: list[Batch]  # the fixed validation set
+    splits: list[PackedTokens]  # every packed split read, the token stream's train and valid first
+
+
+def window_batches(plan: BatchPlan, units: Sequence[str] = (), languages: Sequence[str] | None = None) -> Batches:
+    """Windows of seq_len + 1 tokens of the token stream with their word starts, or, with `units`
+    (lib/data/knowledge.py), with the starts of those units in their place. With `languages`
+    (model.languages) TaggedWindows, each token's language read from the stream (none if it is untagged)."""
+    train, valid = PackedTokens(plan.tokens / "train"), PackedTokens(plan.tokens / "valid")
+    window = plan.seq_len + 1
+    if languages is not None and not train.languages:
+        languages = []  # untagged text (no corpora.parallel): every token reads the model's first language
+    rows = plan.share(plan.batch_size, plan.batch_key)
+    return Batches(WindowBatches(train, window, plan.batch_size, plan.seed, name=str(plan.tokens / "train"),
+                                 rows=rows, units=units, languages=languages),
+                   fixed_windows(valid, window, plan.batch_size, plan.eval_batches, units=units, languages=languages),
+                   [train, valid])
+
+
 class Objective(nn.Module):
-    """Base class: a module that maps (tokens, word_starts) to (loss, metrics)."""
+    """Base class: a module that maps a batch (of its type `reads`) to (loss, metrics)."""
 
     name: ClassVar[str]
     causal: ClassVar[bool]
     sentence_task: ClassVar[bool] = False  # whether it learns mlm.sentence (SOP, NSP) beside its own loss
-    # the knowledge units (lib/data/knowledge.py) whose start flags its batches carry as word_starts: a
-    # token starts a word only where it starts a unit of each; () = the tokenizer's word starts
-    units: tuple[str, ...] = ()
-    # whether its batches carry each token's language (model.languages, XLM) after the word starts
-    reads_languages: ClassVar[bool] = False
-    # whether translation pairs (lib/data/pairs.py) follow in its batches; such an objective's cost
-    # depends on them, so read_pairs() comes before flops_per_token()
-    reads_pairs: ClassVar[bool] = False
+    reads: ClassVar[type[Batch]] = Windows  # the batch forward reads, its fields named; batches() builds it
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
@@ -37,8 +74,13 @@ class Objective(nn.Module):
             raise UserError(f"objective: {self.name} needs a {'causal' if self.causal else 'bidirectional'} model; "
                             f"use {fitting_objective(self.name, self.arch)}")
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """tokens (B, T+1) long, word_starts (B, T+1) bool -> (scalar loss, detached scalar metrics)."""
+    def batches(self, plan: BatchPlan) -> Batches:
+        """Its training and validation batches, built from the packed token files: by default Windows
+        (window_batches). Called before flops_per_token, which may depend on them."""
+        return window_batches(plan)
+
+    def forward(self, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        """A batch of its type `reads` -> (scalar loss, detached scalar metrics)."""
         raise NotImplementedError
 
     def backbone(self) -> Transformer:

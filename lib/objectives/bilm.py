@@ -32,6 +32,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lib.config.params import Params
+from lib.data.windows import Windows
 from lib.models.hf import ImportedModel
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.base import Objective, register
@@ -50,9 +51,9 @@ class BidirectionalLM(Objective):
         self.backward_stack = Transformer(self.arch, embeddings=self.forward_stack.embeddings)
         self.backward_stack.head = self.forward_stack.head  # the shared softmax
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        forward_loss, forward_accuracy = next_token_loss(self.forward_stack, tokens)
-        backward_loss, backward_accuracy = next_token_loss(self.backward_stack, tokens.flip(1))
+    def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:
+        forward_loss, forward_accuracy = next_token_loss(self.forward_stack, batch.tokens)
+        backward_loss, backward_accuracy = next_token_loss(self.backward_stack, batch.tokens.flip(1))
         loss = (forward_loss + backward_loss) / 2
         return loss, {"loss": loss.detach(), "accuracy": (forward_accuracy + backward_accuracy) / 2,
                       "forward_loss": forward_loss.detach(), "backward_loss": backward_loss.detach(),

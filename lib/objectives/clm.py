@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lib.config.params import Params
+from lib.data.windows import Windows
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.base import Objective, register
 
@@ -25,8 +26,8 @@ class CausalLM(Objective):
         super().__init__(params, vocab_size, special_ids, arch)
         self.model = Transformer(self.arch)
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, accuracy = next_token_loss(self.model, tokens)
+    def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, accuracy = next_token_loss(self.model, batch.tokens)
         return loss, {"loss": loss.detach(), "accuracy": accuracy}
 
     def backbone(self) -> Transformer:

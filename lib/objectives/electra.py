@@ -33,9 +33,10 @@ from torch import Tensor, nn
 
 from lib.config.params import Params
 from lib.data.knowledge import knowledge_units
+from lib.data.windows import Windows
 from lib.models.hf import ImportedModel
 from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig, matmul_weights
-from lib.objectives.base import Objective, register
+from lib.objectives.base import BatchPlan, Batches, Objective, register, window_batches
 from lib.objectives.masking import mask_tokens, special_mask
 from lib.objectives.mlm import masked_lm_loss
 
@@ -58,15 +59,19 @@ class Electra(Objective):
         never_sampled = special_mask(torch.arange(vocab_size), special_ids.values())
         self.register_buffer("never_sampled", never_sampled, persistent=False)
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        gen_loss, disc_loss, metrics = self.losses(tokens, word_starts)
+    def batches(self, plan: BatchPlan) -> Batches:
+        """Windows whose word starts are those of its knowledge units (mlm.knowledge), if any."""
+        return window_batches(plan, self.units)
+
+    def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:
+        gen_loss, disc_loss, metrics = self.losses(batch)
         loss = gen_loss + self.disc_weight * disc_loss
         return loss, {"loss": loss.detach(), **metrics}
 
-    def losses(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def losses(self, batch: Windows) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(generator MLM loss, discriminator BCE loss, detached metrics without "loss")."""
-        original = tokens[:, :-1]
-        masked = mask_tokens(original, word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
+        original = batch.tokens[:, :-1]
+        masked = mask_tokens(original, batch.word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
         gen_loss, gen_accuracy, gen_logits = masked_lm_loss(self.generator, self.generator(masked.inputs), masked)
 
         with torch.no_grad():

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from lib.config.params import Params
 from lib.data.knowledge import knowledge_units
+from lib.data.windows import TaggedWindows
 from lib.models.transformer import Transformer, TransformerConfig, init_weights, matmul_weights
-from lib.objectives.base import Objective, register
+from lib.objectives.base import BatchPlan, Batches, Objective, register, window_batches
 from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
 from lib.objectives.sentence import Pairs, sentence_pairs
 
@@ -30,7 +31,7 @@ class MaskedLM(Objective):
     name = "mlm"
     causal = False
     sentence_task = True
-    reads_languages = True
+    reads = TaggedWindows  # with model.languages (XLM's MLM), each token's language
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
@@ -43,12 +44,15 @@ class MaskedLM(Objective):
             self.sentence_head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))
             self.sentence_head.apply(init_weights)
 
-    def forward(self, tokens: Tensor, word_starts: Tensor,
-                language_ids: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """language_ids (B, T+1): with model.languages (XLM's MLM), each token's language."""
+    def batches(self, plan: BatchPlan) -> Batches:
+        """TaggedWindows whose word starts are those of its knowledge units (mlm.knowledge), if any."""
+        return window_batches(plan, self.units, self.arch.languages)
+
+    def forward(self, batch: TaggedWindows) -> tuple[Tensor, dict[str, Tensor]]:
+        tokens, word_starts = batch.tokens, batch.word_starts
         if self.masking.sentence == "none":
             masked = mask_tokens(tokens[:, :-1], word_starts[:, :-1], self.special_ids, self.vocab_size, self.masking)
-            languages = None if language_ids is None else language_ids[:, :-1]
+            languages = None if batch.language_ids is None else batch.language_ids[:, :-1]
             loss, accuracy, _ = masked_lm_loss(self.model, self.model(masked.inputs, language_ids=languages), masked)
             return loss, {"loss": loss.detach(), "accuracy": accuracy}
         task = self.masking.sentence

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from lib.config.params import Params
 from lib.core.errors import UserError
+from lib.data.windows import Windows
 from lib.models.transformer import Transformer, TransformerConfig, matmul_weights
 from lib.objectives.base import Objective, register
 
@@ -69,8 +70,8 @@ class PermutationLM(Objective):
         # token embeddings' width that takes their path into the blocks (see query_inputs)
         self.query_start = nn.Parameter(torch.randn(self.arch.embedding_dim) * 0.02)
 
-    def forward(self, tokens: Tensor, word_starts: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        inputs = tokens[:, :-1]
+    def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:
+        inputs = batch.tokens[:, :-1]
         order = factorisation_order(*inputs.shape, device=inputs.device)
         logits, targets = self.predict(inputs, order)
         labels = inputs.gather(1, targets)

@@ -1,9 +1,9 @@
 """The token-budgeted training loop of pretrain and adapt (its optimizer and step: lib/training/optim.py).
 
-It knows nothing of models or objectives: it trains any module whose forward(*batch) returns (loss,
-metrics), reads batches (tuples of tensors: token windows and their word starts, and whatever else an
-objective reads) by step number, and reports through callbacks. A run's
-length is a budget of tokens (which also sets the LR schedule) or minutes, whichever comes first.
+It knows nothing of models or objectives: it trains any module whose forward(batch) returns (loss,
+metrics), reads batches (lib/data/windows.py's Batch: named tensors, whatever the objective reads) by
+step number and passes each whole, and reports through callbacks. A run's length is a budget of
+tokens (which also sets the LR schedule) or minutes, whichever comes first.
 Killed at any point and started again, it resumes from its last checkpoint and, on CPU, follows
 the same loss curve step for step as a run that was never interrupted.
 """
@@ -24,13 +24,12 @@ from lib.config.params import ImplConfig, TrainConfig
 from lib.core import runtime
 from lib.core.errors import UserError
 from lib.core.progress import Progress
-from lib.data.windows import WindowBatches
+from lib.data.windows import Batch, BatchStream
 from lib.training import distributed
 from lib.training.checkpoint import load_checkpoint, save_run
 from lib.training.distributed import Context
 from lib.training.optim import Stepper, adamw, slanted_triangular, warmup_decay
 
-Batch = tuple[torch.Tensor, ...]
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
 
@@ -80,7 +79,7 @@ class TrainState:
 
 class Trainer:
     def __init__(self, module: nn.Module, cfg: TrainConfig, impl: ImplConfig, device: torch.device,
-                 train: WindowBatches, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
+                 train: BatchStream, valid: list[Batch], checkpoint_dir: Path, fingerprint: str,
                  seed: int, flops_per_token: float | None = None, callbacks: tuple[Callback, ...] = (),
                  layer_groups: list[list[nn.Parameter]] | None = None, context: Context = Context(),
                  progress: Progress | None = None):
@@ -152,10 +151,10 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; (None, {}) when the loss was not finite."""
         totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=self.device))
         for micro in range(self.cfg.grad_accum):
-            batch = [t.to(self.device, non_blocking=True) for t in self.train.batch(self.state.step, micro)]
+            batch = self.train.batch(self.state.step, micro).to(self.device, non_blocking=True)
             with distributed.no_sync(self.synced, skip=micro < self.cfg.grad_accum - 1):  # sync on the last
                 with runtime.autocast(self.device, self.precision):
-                    loss, metrics = self.forward(*batch)
+                    loss, metrics = self.forward(batch)
                 (loss / self.cfg.grad_accum).backward()
             for k, v in metrics.items():
                 totals[k] += v.detach().float() / self.cfg.grad_accum
@@ -199,11 +198,11 @@ class Trainer:
                 batch = self.valid[i if counted else 0]
                 torch.manual_seed(self.seed + i)
                 with runtime.autocast(self.device, self.precision):
-                    _, metrics = self.module(*(t.to(self.device) for t in batch))
+                    _, metrics = self.module(batch.to(self.device))
                 if counted:
                     for k, v in metrics.items():
-                        sums[k] += float(v) * len(batch[0])
-                    count += len(batch[0])
+                        sums[k] += float(v) * len(batch)
+                    count += len(batch)
         self.module.train()
         names = distributed.gather(self.context, sorted(sums))[0]  # rank 0's names: a rank may hold no batch
         totals = distributed.mean(self.context, {k: sums[k] for k in names} | {"_count": count}, self.device)

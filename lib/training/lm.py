@@ -21,11 +21,9 @@ from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens
-from lib.data.pairs import PairBatches, WindowsAndPairs
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
-from lib.data.windows import WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
-from lib.objectives import Objective, build_objective, fitting_objective, save_objective
+from lib.objectives import BatchPlan, Objective, build_objective, fitting_objective, save_objective
 from lib.serving.model_card import write_model_card
 from lib.training import distributed
 from lib.training.budget_loop import Trainer, flops_budget, planned_tokens
@@ -39,7 +37,7 @@ CURVES = {"train": ["step", "tokens", "train_loss", "lr", "tokens_per_s"], "val"
 class LMPaths:
     tokenizer: Path  # the folder whose tokenizer files go into the model folder
     tokens: Path  # packed tokens: <tokens>/train and <tokens>/valid
-    parallel: Path  # packed translation pairs (<parallel>/train, /valid), read by objectives that read_pairs
+    parallel: Path  # packed translation pairs (<parallel>/train, /valid), for objectives that read them
     out: Path
     metrics: Path
     plots: Path
@@ -58,31 +56,21 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     device = distributed.device_for(context, device)
     facts = runtime.configure(params.impl, device)
     run.log_params({"runtime": facts})
-    train_tokens, valid_tokens = PackedTokens(paths.tokens / "train"), PackedTokens(paths.tokens / "valid")
-    window = cfg.seq_len + 1  # causal objectives predict token t+1; the others use the first seq_len
-    # untagged text (no corpora.parallel) carries no languages: every token reads the model's first one
-    languages = objective.arch.languages if objective.reads_languages and train_tokens.languages else []
-    train = WindowBatches(train_tokens, window, cfg.batch_size, params.seed, name=str(paths.tokens / "train"),
-                          rows=context.share(cfg.batch_size, f"{stage}.batch_size"), units=objective.units,
-                          languages=languages)
-    valid = fixed_windows(valid_tokens, window, cfg.batch_size, cfg.eval_batches, units=objective.units,
-                          languages=languages)
-    packs = [train_tokens, valid_tokens]
-    if objective.reads_pairs:
-        train, valid, pair_packs = with_pairs(objective, params, cfg, paths, train, valid, context)
-        packs += pair_packs
+    batches = objective.batches(BatchPlan(
+        tokens=paths.tokens, parallel=paths.parallel, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+        eval_batches=cfg.eval_batches, seed=params.seed, batch_key=f"{stage}.batch_size", share=context.share))
     flops_per_token = objective.flops_per_token(cfg.seq_len)
     cfg = flops_budget(cfg, flops_per_token, stage)
     if cfg.budget_flops is not None and context.main:
         print(f"{stage}: budget_flops {cfg.budget_flops:.3g} buys {objective.name} {cfg.budget_tokens:,} tokens "
               f"at {flops_per_token:.3g} FLOPs per token", flush=True)
     tokenizer = tokenizer_sha256(paths.tokenizer)
-    for packed in packs:
+    for packed in batches.splits:
         packed.check_tokenizer(tokenizer, paths.tokenizer)
-    run_id = fingerprint(stage_params, tokenizer=tokenizer, data=[[s.n_tokens, s.n_docs] for s in packs])
+    run_id = fingerprint(stage_params, tokenizer=tokenizer, data=[[s.n_tokens, s.n_docs] for s in batches.splits])
     limit = None if cfg.budget_minutes is None else cfg.budget_minutes * 60
     progress = Progress(stage, planned_tokens(cfg), "tokens", limit_s=limit, limit_key=f"{stage}.budget_minutes")
-    trainer = Trainer(objective, cfg, params.impl, device, train, valid, paths.checkpoints, run_id,
+    trainer = Trainer(objective, cfg, params.impl, device, batches.train, batches.valid, paths.checkpoints, run_id,
                       params.seed, flops_per_token, callbacks=(run, ConsoleLog(progress)) if context.main else (),
                       layer_groups=layer_groups, context=context, progress=progress if context.main else None)
     before = {}
@@ -96,7 +84,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
         return {}
     final = next(row for row in reversed(state.history) if "val_loss" in row)
     metrics = {**before, **{k: v for k, v in final.items() if k.startswith("val_")},
-               "unigram_loss": unigram_loss(train_tokens), "objective": objective.name,
+               "unigram_loss": unigram_loss(batches.splits[0]), "objective": objective.name,
                "tokens_seen": state.tokens, "steps": state.step, "train_seconds": round(state.seconds, 1),
                "tokens_per_s": round(state.tokens / max(state.seconds, 1e-9), 1),
                "params": objective.backbone().num_params(), "device": device.type,
@@ -119,21 +107,6 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     write_outputs(metrics, state.history, paths, run)
     shutil.rmtree(paths.checkpoints, ignore_errors=True)  # the model is out: nothing left to resume
     return metrics
-
-
-def with_pairs(objective: Objective, params: Params, cfg: TrainConfig, paths: LMPaths, train: WindowBatches,
-               valid: list, context: distributed.Context) -> tuple[WindowsAndPairs, list, list[PackedTokens]]:
-    """The windows with translation pairs after them (objective tlm), each micro-batch tlm.pair_batch
-    pairs of rows up to seq_len; the objective learns what they cost. Also the pairs' packed splits."""
-    pad_id = saved_special_ids(paths.tokenizer)["pad"]
-    packs = [PackedTokens(paths.parallel / "train"), PackedTokens(paths.parallel / "valid")]
-    pair_train, pair_valid = (
-        PairBatches(packed, objective.arch.languages, params.tlm.pair_batch, cfg.seq_len, params.seed, pad_id,
-                    name=str(packed.prefix), rows=context.share(params.tlm.pair_batch, "tlm.pair_batch"))
-        for packed in packs)
-    objective.read_pairs(pair_train.mean_tokens(), params.tlm.pair_batch / (cfg.batch_size * cfg.seq_len))
-    valid = [(*windows, *pairs) for windows, pairs in zip(valid, pair_valid.fixed(len(valid)))]
-    return WindowsAndPairs(train, pair_train), valid, packs
 
 
 def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Objective, ImportedModel]:
