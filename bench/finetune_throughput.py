@@ -83,13 +83,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, TaskConfig  # noqa: E402
+from lib.core import distributed  # noqa: E402
 from lib.core import runtime  # noqa: E402
 from lib.core.errors import UserError, run_main  # noqa: E402
 from lib.data.encoding import batch_indices  # noqa: E402
 from lib.models.hf import import_model, import_tokenizer  # noqa: E402
 from lib.tasks.base import TaskData  # noqa: E402
 from lib.tasks.classification import TYPE as CLASSIFICATION, Row, encode_rows  # noqa: E402
-from lib.training import distill, distributed  # noqa: E402
+from lib.training import distill  # noqa: E402
 from lib.training.epoch_loop import EpochLoop  # noqa: E402
 from lib.training.finetune import FullTrainer, setup  # noqa: E402
 from lib.training.optim import adamw, warmup_decay  # noqa: E402

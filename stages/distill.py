@@ -14,7 +14,7 @@ A finished task is kept in --checkpoints and a task in progress resumes from its
 """
 import shutil
 
-from lib.core import runtime
+from lib.core import distributed, runtime
 from lib.core.errors import run_main
 from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
 from lib.core.stage import open_stage
@@ -22,7 +22,6 @@ from lib.data.raw import localize
 from lib.models.classifier import load_classifier
 from lib.models.folder import MODEL_FILE
 from lib.tasks import check_tasks, task_metrics
-from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.distill import DistillResult
 from lib.training.distill_runs import STUDENT, distill_once, summarise

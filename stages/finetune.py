@@ -15,7 +15,7 @@ skips what it had done, and a run in progress resumes after its last finished ep
 """
 import shutil
 
-from lib.core import runtime
+from lib.core import distributed, runtime
 from lib.core.errors import run_main
 from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
 from lib.core.progress import Progress, RunTimes, duration
@@ -25,7 +25,6 @@ from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.models.classifier import load_classifier
 from lib.models.folder import MODEL_FILE, load_model
 from lib.tasks import check_tasks, task_metrics, task_type
-from lib.training import distributed
 from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name
 from lib.training.finetune_runs import (BEST, dev_curves, finetune_once, language_facts, load_transfer, summarise,

@@ -14,16 +14,16 @@ import lib.training.distill as distill
 import lib.training.distill_runs as distill_runs
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
 from lib.core import tracking
-from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
-from lib.training.distributed import Context
-from lib.tasks.base import soft_loss
-from lib.tasks.span_qa import masked_soft_loss
-from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs
+from lib.core.distributed import Context
 from lib.core.errors import UserError
+from lib.evaluation.scoring import score_split
+from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.base import soft_loss
 from lib.tasks.classification import Example
-from lib.evaluation.scoring import score_split
+from lib.tasks.span_qa import masked_soft_loss
+from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs
 from lib.training.finetune import run_variant
 from tests.helpers import write_jsonl_gz
 from tests import tasktype_helpers

@@ -20,13 +20,13 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from lib.config.params import ImplConfig, ModelConfig
+from lib.core import distributed
 from lib.core.errors import UserError, run_main
 from lib.data.packed import PackedTokens
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.objectives import build_objective, save_objective
 from lib.tasks.base import UNLABELED
 from lib.tasks.classification import Example
-from lib.training import distributed
 from lib.training.budget_loop import Trainer
 from lib.training.distill import distill_task
 from lib.training.finetune import run_variant

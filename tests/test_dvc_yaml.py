@@ -66,7 +66,7 @@ def closure(script: Path) -> set[Path]:
 
 def test_the_closure_follows_imports():
     files = closure(Path("stages/pretrain.py"))
-    assert {Path("lib/training/budget_loop.py"), Path("lib/training/distributed.py"), Path("lib/objectives/electra.py")} <= files
+    assert {Path("lib/training/budget_loop.py"), Path("lib/core/distributed.py"), Path("lib/objectives/electra.py")} <= files
     assert Path("lib/__init__.py") not in files and docstring_only(Path("lib/__init__.py"))
 
 

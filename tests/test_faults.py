@@ -17,11 +17,11 @@ import torch
 import yaml
 
 from lib.core import errors
+from lib.core.distributed import full_state
 from lib.core.errors import INTERRUPTED, end_on_ctrl_c, run_main
 from lib.core.io import atomic_dir, write_json
 from lib.training import checkpoint
 from lib.training.checkpoint import load_checkpoint, save_checkpoint
-from lib.training.distributed import full_state
 from tests.helpers import ROOT, read_only_folder
 from tests.test_pipeline import copy_reproduced, without_timings
 

@@ -10,13 +10,12 @@ from typing import Any, Callable
 import torch
 
 from lib.config.params import ImplConfig
-from lib.core import runtime
+from lib.core import distributed, runtime
+from lib.core.distributed import Context
 from lib.data.encoding import batch_indices
 from lib.models.classifier import Classifier
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
-from lib.training import distributed
-from lib.training.distributed import Context
 
 
 def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,

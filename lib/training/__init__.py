@@ -1,2 +1,2 @@
-"""Training: optimizer and schedules, the token-budget and epoch loops, checkpoints, distributed runs, and the
+"""Training: optimizer and schedules, the token-budget and epoch loops, checkpoints, and the
 pretrain/adapt, finetune and distill procedures built on them."""

@@ -21,13 +21,12 @@ import torch
 from torch import nn
 
 from lib.config.params import ImplConfig, TrainConfig
-from lib.core import runtime
+from lib.core import distributed, runtime
+from lib.core.distributed import Context
 from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.windows import Batch, BatchStream
-from lib.training import distributed
 from lib.training.checkpoint import load_checkpoint, save_run
-from lib.training.distributed import Context
 from lib.training.optim import Stepper, adamw, slanted_triangular, warmup_decay
 
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from lib.config.params import flatten
+from lib.core.distributed import Context, full_state, gather, load_full_state
 from lib.core.errors import describe
 from lib.core.io import atomic_dir, file_sha256, read_safetensors, write_json, write_safetensors
-from lib.training.distributed import Context, full_state, gather, load_full_state
 
 WEIGHTS, TRAIN_STATE, STATE, MANIFEST = "module.safetensors", "train_state.pt", "state.json", "manifest.json"
 PREFIX, KEEP = "ckpt-", 2
@@ -53,7 +53,7 @@ def checkpoints(directory: Path) -> list[Path]:
 def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
                     scheduler: Any, state: dict[str, Any], rng: list[dict[str, Any]] | None = None) -> Path:
     """A new checkpoint in `directory` (all of it or nothing), then all but the newest KEEP removed.
-    `weights` and `optimizer_state` as lib.training.distributed.full_state returns them; `rng`: every rank's
+    `weights` and `optimizer_state` as lib.core.distributed.full_state returns them; `rng`: every rank's
     RNG states (rank order), None = this process's."""
     existing = checkpoints(directory)
     number = int(existing[-1].name[len(PREFIX):]) + 1 if existing else 1

@@ -45,20 +45,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.config.params import DistillConfig, ImplConfig
-from lib.core import runtime
+from lib.core import distributed, runtime
+from lib.core.distributed import Context
 from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
+from lib.evaluation.scoring import score_split
 from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
-from lib.training import distributed
-from lib.training.distributed import Context
 from lib.training.epoch_loop import EpochLoop
-from lib.evaluation.scoring import score_split
 from lib.training.finetune import run_name
 from lib.training.optim import adamw, warmup_decay
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 
 from lib.config.params import Params, TaskConfig
+from lib.core import distributed
+from lib.core.distributed import Context
 from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
@@ -19,9 +21,7 @@ from lib.models.classifier import Classifier, save_classifier, saved_type
 from lib.serving.model_card import write_model_card
 from lib.tasks import task_metrics, task_type
 from lib.tasks.base import text_hash
-from lib.training import distributed
 from lib.training.distill import DistillResult, distill_task
-from lib.training.distributed import Context
 from lib.training.finetune import run_name
 
 STUDENT, RESULT = "student", "result.json"  # in a task's folder: the student model, the run's result

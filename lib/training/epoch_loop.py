@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from lib.config.params import OptimizerConfig
+from lib.core import distributed
+from lib.core.distributed import Context
 from lib.core.io import read_safetensors, write_safetensors
-from lib.training import distributed
 from lib.training.checkpoint import load_checkpoint, save_run
-from lib.training.distributed import Context
 from lib.training.optim import Stepper
 
 BEST_WEIGHTS, EPOCHS = "best.safetensors", "epochs"  # in an EpochLoop's checkpoint directory

@@ -46,7 +46,8 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from lib.config.params import FinetuneConfig, ImplConfig
-from lib.core import runtime
+from lib.core import distributed, runtime
+from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.scoring import score_split
@@ -55,8 +56,6 @@ from lib.models.transformer import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskData, TaskType
 from lib.tasks.base import move
-from lib.training import distributed
-from lib.training.distributed import Context
 from lib.training.epoch_loop import EpochLoop
 from lib.training.optim import adamw, slanted_triangular, warmup_decay
 
@@ -191,7 +190,7 @@ def transfer_scores(model: Classifier, task: TaskData, transfers: dict[str, Task
     """Zero-shot transfer: the scores of `model`, trained on `task`, on the evaluation split of each task
     in `transfers` (tasks.<name>.transfer_from), each read in its own language, scored as finetune scores
     `task`'s (with what `task`'s dev calibrates, SQuAD 2.0's no-answer threshold). One process: the model
-    is whole on rank 0 alone after training (lib.training.distributed.to_cpu); it is left on the CPU."""
+    is whole on rank 0 alone after training (lib.core.distributed.to_cpu); it is left on the CPU."""
     model.to(device)
     batch = cfg.batch_size * 2
     calibration = score_split(model, task, "dev", metrics, batch, pad_id, device, impl)[1] \

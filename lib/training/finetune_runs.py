@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from lib.config.params import FinetuneConfig, Params, TaskConfig
+from lib.core import distributed
+from lib.core.distributed import Context
 from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
@@ -22,8 +24,6 @@ from lib.models.transformer import Transformer, TransformerConfig
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.training import distributed
-from lib.training.distributed import Context
 from lib.training.finetune import RunResult, run_name, run_variant, transfer_scores
 
 BEST = "best"  # the folder, under a task's, of its best model so far

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lib.config.params import Params, TrainConfig
-from lib.core import runtime
+from lib.core import distributed, runtime
 from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
@@ -25,7 +25,6 @@ from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
 from lib.objectives import BatchPlan, Objective, build_objective, fitting_objective, save_objective
 from lib.serving.model_card import write_model_card
-from lib.training import distributed
 from lib.training.budget_loop import Trainer, flops_budget, planned_tokens
 from lib.training.checkpoint import fingerprint
 
