@@ -24,7 +24,7 @@ from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, 
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.classification import Example
 from lib.evaluation.scoring import score_split
-from lib.training.finetune import run_variant
+from lib.training.variants import run_variant
 from tests.helpers import write_jsonl_gz
 from tests import tasktype_helpers
 from tests.test_finetune import BOS, CFG, EOS, PAD, VOCAB, backbone, toy_task

@@ -41,20 +41,49 @@ def test_lib_is_role_packages_only():
     assert roles == {"config", "core", "data", "models", "objectives", "tasks", "training", "evaluation", "serving"}
 
 
+def names_outside(names, allowed) -> list[str]:
+    """`file:line 'name'` of each string constant in lib/, stages/ and bench/ that is one of `names`, but
+    for docstrings and the constants (AST nodes) `allowed(path, tree)` returns."""
+    found = []
+    for path in sorted(p for folder in ("lib", "stages", "bench") for p in (ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {node.body[0].value for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        skipped = docstrings | allowed(path, tree)
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                  and node not in skipped]
+    return found
+
+
 def test_no_task_type_is_named_outside_its_package():
     """A task type owns everything about itself (lib/tasks): its name as a string anywhere else in the code
     means knowledge of it sits outside its file. Docstrings and comments may name it."""
     from lib.tasks import TYPES
 
-    found = []
-    for path in sorted(p for folder in ("lib", "stages", "bench") for p in (ROOT / folder).rglob("*.py")):
-        if (ROOT / "lib" / "tasks") in path.parents:
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)
-                      and isinstance(node.body[0].value, ast.Constant)}
-        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and node.value in TYPES and id(node) not in docstrings]
-    assert found == []
+    def allowed(path: Path, tree: ast.Module) -> set:
+        return set(ast.walk(tree)) if LIB / "tasks" in path.parents else set()
+
+    assert names_outside(TYPES, allowed) == []
+
+
+def test_no_finetune_variant_is_named_outside_its_file():
+    """A finetune variant owns everything about itself (lib/training/variants/<name>.py): its name as a string
+    anywhere else in the code (another variant's file too) means knowledge of it sits outside its file.
+    Its settings are a section of lib/config/params.py's FinetuneConfig, a field of the variant's name, not
+    a string; the one place params.py may write names is finetune.variants' default list."""
+    from lib.training.variants import VARIANTS
+
+    def allowed(path: Path, tree: ast.Module) -> set:
+        if path.parent == LIB / "training" / "variants":
+            return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == path.stem}
+        if path == LIB / "config" / "params.py":
+            config = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "FinetuneConfig")
+            default = next(node for node in config.body
+                           if isinstance(node, ast.AnnAssign) and node.target.id == "variants")
+            return set(ast.walk(default.value))
+        return set()
+
+    assert names_outside(VARIANTS, allowed) == []

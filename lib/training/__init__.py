@@ -1,2 +1,3 @@
-"""Training: optimizer and schedules, the token-budget and epoch loops, checkpoints, distributed runs, and the
-pretrain/adapt, finetune and distill procedures built on them."""
+"""Training: optimizers and schedules by name, the token-budget and epoch loops, checkpoints, distributed runs,
+the finetune variants by name (variants/), and the pretrain/adapt, finetune and distill procedures built on
+them."""
