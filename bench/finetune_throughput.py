@@ -180,8 +180,9 @@ class Ours:
         teacher = teacher.to(self.device)
         synced = distributed.wrap(distiller.to(self.device), distributed.Context(), self.device, self.impl.strategy,
                                   parts=[distiller.student])
-        optimizer, scheduler = optimizer_and_schedule(distiller, cfg, self.device, cfg.lr, distill.student_schedule(cfg),
-                                                      -(-len(timed) // cfg.batch_size) * cfg.epochs)
+        total = -(-len(timed) // cfg.batch_size) * cfg.epochs
+        optimizer, scheduler = optimizer_and_schedule(distiller, cfg, self.device, cfg.lr,
+                                                      distill.student_schedule(cfg), total)
         loop = EpochLoop(distiller, distiller.student, optimizer, scheduler, cfg, epochs=cfg.epochs,
                          patience=cfg.patience, metric="accuracy", checkpoint_dir=self.checkpoints / "distill",
                          fingerprint="bench", where="ours distill")

@@ -80,7 +80,8 @@ def test_no_finetune_variant_is_named_outside_its_file():
         if path.parent == LIB / "training" / "variants":
             return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == path.stem}
         if path == LIB / "config" / "params.py":
-            config = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "FinetuneConfig")
+            config = next(node for node in tree.body
+                          if isinstance(node, ast.ClassDef) and node.name == "FinetuneConfig")
             default = next(node for node in config.body
                            if isinstance(node, ast.AnnAssign) and node.target.id == "variants")
             return set(ast.walk(default.value))

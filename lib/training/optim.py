@@ -49,14 +49,15 @@ def discriminative_groups(module: nn.Module, layer_groups: list[list[nn.Paramete
     return groups
 
 
-def adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
+def adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimizerConfig,
+          device: torch.device) -> torch.optim.Optimizer:
     """AdamW with cfg's betas and eps (the groups carry the weight decay); fused on CUDA."""
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=device.type == "cuda")
 
 
 # name -> (parameter groups, peak LR, the stage's optimizer params, device) -> the optimizer
-OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], float, OptimizerConfig, torch.device], torch.optim.Optimizer]] = {
-    "adamw": adamw}
+OptimizerBuilder = Callable[[list[dict[str, Any]], float, OptimizerConfig, torch.device], torch.optim.Optimizer]
+OPTIMIZERS: dict[str, OptimizerBuilder] = {"adamw": adamw}
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig, device: torch.device, lr: float, lr_decay: float = 1.0,
@@ -79,6 +80,7 @@ class Schedule:
     stlr_ratio: float = 32.0  # stlr: how many times smaller than the peak the LR is at both ends
 
     def warmup(self, total_steps: int) -> int:
+        """The warmup steps of a run of `total_steps`."""
         return self.warmup_steps if self.warmup_frac is None else max(1, round(total_steps * self.warmup_frac))
 
     def multiplier(self, total_steps: int) -> Multiplier:
