@@ -323,3 +323,12 @@ def test_a_pretrained_pooler_moves_into_the_plain_head():
         assert model.backbone.pooler is None and not model.backbone.cfg.pooler
         assert torch.equal(model.head[1].weight, pooler) == (variant == "plain")  # from_scratch: a fresh one
     assert adapted.pooler is not None  # setup works on a copy
+
+
+def test_every_variant_has_its_settings_section_and_a_label():
+    """A variant is its file and its section of FinetuneConfig, named alike (lib/training/variants)."""
+    settings = FinetuneConfig()
+    for name, variant in VARIANTS.items():
+        assert dataclasses.is_dataclass(getattr(settings, name)), name
+        assert variant.name == name and variant.label
+    assert [name for name, v in VARIANTS.items() if v.random_init] == ["from_scratch"]
