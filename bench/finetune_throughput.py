@@ -21,9 +21,9 @@ and distill stages never compile (impl.compile applies to pretrain and adapt onl
 torch_compile is off by default.
 
 Finetune. Ours is the finetune stage's `plain` variant (the cpu-minilm recipe's): lib.models.hf.import_model
-reads MiniLM, lib.training.finetune.setup builds the Classifier (BERT's pooler + a linear layer on [CLS],
-as BertForSequenceClassification), FullTrainer builds its AdamW (lib.training.optim) and LambdaLR
-(warmup + linear decay) and EpochLoop; the texts are encoded by lib.tasks.classification.encode_rows.
+reads MiniLM, lib/training/variants/plain.py builds the Classifier (BERT's pooler + a linear layer on [CLS],
+as BertForSequenceClassification), FullTrainer builds its AdamW and LambdaLR (warmup + linear decay;
+lib.training.optim) and EpochLoop; the texts are encoded by lib.tasks.classification.encode_rows.
   Timed: one FullTrainer.train_epoch over the timed pool, as the stage runs it: batch_indices (shuffled,
   sorted by length within chunks of 50 batches: little padding), the type's collate (padding to each
   batch's longest), autocast forward, cross-entropy, backward, loss.item(), EpochLoop.step (non-finite
@@ -47,7 +47,7 @@ with the gold label, weight 0.5) and hidden (1 - cosine of the student's last la
 last layer over the real tokens, weight 1). The teacher is the finetune `plain` classifier of MiniLM (its
 head untrained: that does not change the cost).
   Ours: lib.training.distill as distill_task sets it up (student_plan, build_student from every other
-  teacher block, Distiller, adamw, LambdaLR, EpochLoop). Timed: distill.teacher_outputs on the timed pool
+  teacher block, Distiller, optimizer_and_schedule, EpochLoop). Timed: distill.teacher_outputs on the timed pool
   (the teacher's forward, in eval mode under no_grad, batches of 2 x batch sorted by length, its logits
   and last-layer states kept on the CPU in bf16: the stage computes them once before the first epoch)
   plus one distill.train_epoch over it (collate, the student's forward, the three losses against the
@@ -92,8 +92,9 @@ from lib.tasks.base import TaskData  # noqa: E402
 from lib.tasks.classification import TYPE as CLASSIFICATION, Row, encode_rows  # noqa: E402
 from lib.training import distill  # noqa: E402
 from lib.training.epoch_loop import EpochLoop  # noqa: E402
-from lib.training.finetune import FullTrainer, setup  # noqa: E402
-from lib.training.optim import adamw, warmup_decay  # noqa: E402
+from lib.training.finetune import FullTrainer  # noqa: E402
+from lib.training.optim import optimizer_and_schedule  # noqa: E402
+from lib.training.variants.plain import Plain  # noqa: E402
 
 TASKS = {"sst2": ("text", 64), "imdb": ("text", 192)}  # text field, params.yaml's max_len
 LABELS = ["negative", "positive"]
@@ -148,7 +149,7 @@ class Ours:
         cfg = FinetuneConfig(batch_size=args.batch, epochs=3)
         warm, timed = self.pools
         task = self.task(timed)  # the schedule spans 3 passes over the timed pool: warmup + timed fit in it
-        plan = setup("plain", self.backbone, len(LABELS), cfg, CLASSIFICATION)
+        plan = Plain().setup(self.backbone, len(LABELS), cfg, CLASSIFICATION)
         plan.model.read_as(None)
         model = plan.model.to(self.device)
         trainer = FullTrainer(model, plan, task, cfg, self.impl, self.device, self.special["pad"], args.seed,
@@ -180,9 +181,9 @@ class Ours:
         teacher = teacher.to(self.device)
         synced = distributed.wrap(distiller.to(self.device), distributed.Context(), self.device, self.impl.strategy,
                                   parts=[distiller.student])
-        optimizer = adamw(distiller, cfg, self.device, cfg.lr)
         total = -(-len(timed) // cfg.batch_size) * cfg.epochs
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
+        optimizer, scheduler = optimizer_and_schedule(distiller, cfg, self.device, cfg.lr,
+                                                      distill.student_schedule(cfg), total)
         loop = EpochLoop(distiller, distiller.student, optimizer, scheduler, cfg, epochs=cfg.epochs,
                          patience=cfg.patience, metric="accuracy", checkpoint_dir=self.checkpoints / "distill",
                          fingerprint="bench", where="ours distill")
@@ -263,7 +264,7 @@ class HF:
         return result("HF Trainer", timer.seconds, len(timed), tokens, padded)
 
     def finetune(self) -> dict:
-        return self.run(self.transformers.Trainer, self.model(), FinetuneConfig().plain_lr)
+        return self.run(self.transformers.Trainer, self.model(), FinetuneConfig().plain.lr)
 
     def distill(self) -> dict:
         teacher = self.model().to(self.device).eval()
@@ -392,7 +393,7 @@ def compare(args: argparse.Namespace, device: torch.device) -> None:
         if args.only and args.only != name:
             continue
         if name == "distill" and not hasattr(ours, "teacher"):
-            ours.teacher = setup("plain", ours.backbone, len(LABELS), FinetuneConfig(), CLASSIFICATION).model
+            ours.teacher = Plain().setup(ours.backbone, len(LABELS), FinetuneConfig(), CLASSIFICATION).model
             ours.teacher.read_as(None)
         torch.manual_seed(args.seed)
         mine = getattr(ours, name)()

@@ -60,7 +60,7 @@ from lib.models.transformer import Transformer, TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
 from lib.training.budget_loop import PEAK_BF16_FLOPS  # noqa: E402
-from lib.training.optim import adamw  # noqa: E402
+from lib.training.optim import build_optimizer  # noqa: E402
 
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}  # random tokens are drawn above these
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -159,7 +159,7 @@ def measure(build: Callable, shape: Shape, compiled: bool, args: argparse.Namesp
     module, loss_fn = build(shape, batch)
     module.to(device).train()
     cfg = TrainConfig()
-    optimizer = adamw(module, cfg, device, cfg.lr)
+    optimizer = build_optimizer(module, cfg, device, cfg.lr)
     forward = torch.compile(module) if compiled else module
     warmup_s, seconds = time_steps(forward, loss_fn, optimizer, args.precision, device, args.warmup, args.steps)
     return {"params": sum(p.numel() for p in module.parameters()), "warmup_s": warmup_s,

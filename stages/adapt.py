@@ -19,13 +19,14 @@ from lib.models.folder import read_config
 from lib.objectives import (EXTRAS_FILE, build_objective, check_objective, fitting_objective, load_objective,
                             objective_extras)
 from lib.training.lm import CURVES, LMPaths, train_language_model
+from lib.training.optim import check_optimizers
 
 
 def main() -> None:
     stage = open_stage("adapt", __doc__, inputs={"model": "models/pretrain", "tokens": "data/tokens/domain",
                                                     "parallel": "data/tokens/parallel"},
                        outputs={"out": "models/adapt", "metrics": "metrics/adapt.json", "plots": "plots/adapt",
-                                "checkpoints": "data/checkpoints/adapt"}, checks=[check_objective])
+                                "checkpoints": "data/checkpoints/adapt"}, checks=[check_objective, check_optimizers])
     args, params = stage.args, stage.params
 
     if params.adapt.enabled and stage.relaunch():

@@ -26,13 +26,14 @@ from lib.training.checkpoint import fingerprint
 from lib.training.distill import DistillResult
 from lib.training.distill_runs import STUDENT, distill_once, summarise
 from lib.training.finetune import run_name
+from lib.training.optim import check_optimizers
 
 
 def main() -> None:
     stage = open_stage("distill", __doc__, inputs={"raw": "data/raw", "teachers": "models/finetune"},
                        outputs={"out": "models/distill", "metrics": "metrics/distill.json",
                                 "plots": "plots/distill", "checkpoints": "data/checkpoints/distill"},
-                       checks=[check_tasks])
+                       checks=[check_tasks, check_optimizers])
     args, params = stage.args, stage.params
     if stage.relaunch():
         return

@@ -39,6 +39,8 @@ from lib.models.classifier import META_FILE
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
+from lib.training.variants import VARIANTS
+
 
 def main() -> None:
     stage = open_stage("evaluate", __doc__,
@@ -102,7 +104,7 @@ def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str]
     with atomic_dir(args.plots) as tmp:
         write_plots(results, tmp)
     with atomic_dir(args.report) as tmp:
-        write_report(results, tmp, warnings, provenance)
+        write_report(results, tmp, VARIANTS, warnings, provenance)
     parent = run.parent()
     for target in (run, parent):
         for path in (args.metrics, args.plots, args.report):

@@ -1,7 +1,7 @@
 """Stage `finetune` (ULMFiT step 3): a model for each task x variant x seed, from the adapted model.
 
 For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasks/), trains each variant
-(ulmfit, plain, from_scratch, frozen, elmo; lib/training/finetune.py) once per seed, and writes:
+(ulmfit, plain, from_scratch, frozen, elmo; lib/training/variants) once per seed, and writes:
 - --out/<task>/: the model with the best dev score of all its runs (lib/models/classifier.py format, with
   the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed (elmo also
@@ -15,6 +15,7 @@ skips what it had done, and a run in progress resumes after its last finished ep
 """
 import shutil
 
+from lib.config.params import flatten
 from lib.core import distributed, runtime
 from lib.core.errors import run_main
 from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
@@ -29,13 +30,15 @@ from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name
 from lib.training.finetune_runs import (BEST, dev_curves, finetune_once, language_facts, load_transfer, summarise,
                                        summarise_transfer)
+from lib.training.optim import check_optimizers
+from lib.training.variants import check_variants
 
 
 def main() -> None:
     stage = open_stage("finetune", __doc__, inputs={"raw": "data/raw", "model": "models/adapt"},
                        outputs={"out": "models/finetune", "metrics": "metrics/finetune.json",
                                 "plots": "plots/finetune", "checkpoints": "data/checkpoints/finetune"},
-                       checks=[check_tasks])
+                       checks=[check_tasks, check_variants, check_optimizers])
     args, params = stage.args, stage.params
     if stage.relaunch():
         return
@@ -50,7 +53,7 @@ def main() -> None:
     runtime_facts = runtime.configure(params.impl, device)
     if params.init is not None and cfg.with_init:
         distributed.say(context, f"finetune: starting from {params.init}, so finetune.with_init sets "
-                        + ", ".join(f"{k}={v}" for k, v in cfg.with_init.items()))
+                        + ", ".join(f"{k}={v}" for k, v in flatten(cfg.with_init).items()))
     tokenizer = load_tokenizer(args.model)
     special = saved_special_ids(args.model)
     adapted = load_model(args.model)

@@ -16,6 +16,7 @@ from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.objectives import build_objective, check_objective
 from lib.training.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
+from lib.training.optim import check_optimizers
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
                                "parallel": "data/tokens/parallel"},
                        outputs={"out": "models/pretrain", "metrics": "metrics/pretrain.json",
                                 "plots": "plots/pretrain", "checkpoints": "data/checkpoints/pretrain"},
-                       checks=[check_objective])
+                       checks=[check_objective, check_optimizers])
     args, params = stage.args, stage.params
 
     if stage.relaunch():

@@ -14,9 +14,9 @@ from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.objectives import build_objective
-from lib.training.budget_loop import Trainer, flops_budget, lr_multiplier, planned_tokens
+from lib.training.budget_loop import Trainer, flops_budget, planned_tokens, schedule_of
 from lib.training.checkpoint import KEEP, checkpoints
-from lib.training.optim import adamw, discriminative_groups, slanted_triangular
+from lib.training.optim import build_optimizer, discriminative_groups, slanted_triangular
 
 VOCAB = 40
 
@@ -136,10 +136,10 @@ def test_budget_minutes_stops_early(packed, tmp_path):
 
 def test_warmup_then_decay_shapes():
     cfg = TrainConfig(warmup_steps=10, min_lr_ratio=0.1, schedule="linear")
-    linear = lr_multiplier(cfg, total_steps=110)
+    linear = schedule_of(cfg).multiplier(110)
     assert linear(0) == pytest.approx(0.1) and linear(9) == pytest.approx(1.0)
     assert linear(60) == pytest.approx(0.55) and linear(110) == pytest.approx(0.1)
-    cosine = lr_multiplier(TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="cosine"), total_steps=110)
+    cosine = schedule_of(TrainConfig(warmup_steps=10, min_lr_ratio=0.0, schedule="cosine")).multiplier(110)
     assert cosine(60) == pytest.approx(0.5) and cosine(110) == pytest.approx(0.0, abs=1e-12)
 
 
@@ -152,7 +152,7 @@ def test_stlr_shape():
     assert values[50] == pytest.approx((1 + 0.5 * 31) / 32) and values[550] == pytest.approx((1 + 0.5 * 31) / 32)
     rising, falling = values[:101], values[100:]
     assert all(a < b for a, b in zip(rising, rising[1:])) and all(a > b for a, b in zip(falling, falling[1:]))
-    assert lr_multiplier(TrainConfig(schedule="stlr", cut_frac=0.1, stlr_ratio=32), 1000)(100) == 1.0
+    assert schedule_of(TrainConfig(schedule="stlr", cut_frac=0.1, stlr_ratio=32)).multiplier(1000)(100) == 1.0
 
 
 def test_discriminative_lrs_divide_by_lr_decay_per_group():
@@ -172,11 +172,11 @@ def test_discriminative_lrs_divide_by_lr_decay_per_group():
 def test_no_weight_decay_on_biases_norms_and_optionally_embeddings():
     module = NextToken()
     cfg = TrainConfig(weight_decay=0.05, beta1=0.8, beta2=0.9, eps=1e-7)
-    decay, no_decay = adamw(module, cfg, torch.device("cpu"), 1e-3, decay_embeddings=False).param_groups
+    decay, no_decay = build_optimizer(module, cfg, torch.device("cpu"), 1e-3, decay_embeddings=False).param_groups
     assert {id(p) for p in decay["params"]} == {id(module.out.weight)} and decay["weight_decay"] == 0.05
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 4
     assert (decay["betas"], decay["eps"]) == ((0.8, 0.9), 1e-7)  # from the config, not hard-coded
-    decay, _ = adamw(module, cfg, torch.device("cpu"), 1e-3).param_groups
+    decay, _ = build_optimizer(module, cfg, torch.device("cpu"), 1e-3).param_groups
     assert {id(p) for p in decay["params"]} == {id(module.out.weight), id(module.embed.weight)}
 
 

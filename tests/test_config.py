@@ -10,9 +10,12 @@ from lib.config.params import (ParamsError, flatten, load_params, read_recipe, r
                                recipe_names)
 from lib.objectives import OBJECTIVES, check_objective
 from lib.tasks import check_tasks, task_metrics
+from lib.training.optim import check_optimizers
+from lib.training.variants import check_variants
 from tests.helpers import ROOT, write_params
 
-CHECKS = [check_tasks, check_objective]  # every registry check, as the stages together run them
+# every registry check, as the stages together run them
+CHECKS = [check_tasks, check_objective, check_variants, check_optimizers]
 
 
 def load(tmp_path, params):
@@ -142,13 +145,26 @@ def test_finetune_task_must_be_a_task(chdir_root, tmp_path, default_params):
 @pytest.mark.parametrize("section, key, value, message", [
     ("finetune", "variants", ["ulmfit", "ulmfit"], "finetune.variants: ['ulmfit', 'ulmfit'] must be a non-empty list"),
     ("finetune", "variants", ["ulmfit", "fancy"], "finetune.variants[1]: 'fancy' is not one of"),
-    ("finetune", "lr_decay", 0.5, "finetune.lr_decay: 0.5 must be >= 1"),
+    ("finetune", "variants", ["ulmfit", "plian"], "finetune.variants[1]: 'plian' is not one of elmo, from_scratch, "
+                                                  "frozen, plain, ulmfit; did you mean 'plain'?"),
+    ("finetune", "ulmfit.lr_decay", 0.5, "finetune.ulmfit.lr_decay: 0.5 must be >= 1"),
+    ("finetune", "ulmfit.lrr", 0.5, "finetune.ulmfit.lrr: unknown key; did you mean 'finetune.ulmfit.lr'?"),
+    ("finetune", "plain.lr", 0, "finetune.plain.lr: 0.0 must be > 0"),
+    ("finetune", "from_scratch.warmup_frac", 1.0, "finetune.from_scratch.warmup_frac: 1.0 must be in [0, 1)"),
+    ("finetune", "elmo.mix", "yes", "finetune.elmo.mix: expected true or false, got str 'yes'"),
+    ("finetune", "frozen.probe_c", [], "finetune.frozen.probe_c: [] must be a non-empty list of positive numbers"),
+    ("finetune", "optimizer", "adam", "finetune.optimizer: 'adam' is not one of adamw; did you mean 'adamw'?"),
+    ("distill", "optimizer", "sgd", "distill.optimizer: 'sgd' is not one of adamw"),
     ("adapt", "cut_frac", 1.5, "adapt.cut_frac/stlr_ratio: need 0 < cut_frac < 1"),
     ("adapt", "schedule", "stlr2", "adapt.schedule: 'stlr2' is not one of linear, cosine, stlr"),
     ("finetune", "aux_lm_weight", 0.5, None),  # fine with the default objective, clm
 ])
 def test_ulmfit_params(chdir_root, tmp_path, default_params, section, key, value, message):
-    default_params[section][key] = value
+    *parents, name = key.split(".")
+    target = default_params[section]
+    for parent in parents:
+        target = target[parent]
+    target[name] = value
     if message is None:
         load(tmp_path, default_params)
         default_params["objective"] = "mlm"
@@ -291,21 +307,30 @@ def test_flatten_nested(chdir_root):
 
 
 def test_with_init_replaces_finetune_settings_only_from_a_checkpoint(chdir_root, tmp_path, default_params):
-    default_params["finetune"]["with_init"] = {"plain_lr": 3e-5, "unfreeze_every": 5, "gradual_unfreezing": False}
+    default_params["finetune"]["with_init"] = {"plain": {"lr": 3e-5}, "ulmfit": {"unfreeze_every": 5,
+                                                                                 "gradual_unfreezing": False},
+                                               "patience": 4}
     scratch = load(tmp_path, default_params).finetune
-    assert (scratch.plain_lr, scratch.unfreeze_every) == (default_params["finetune"]["plain_lr"],
-                                                          default_params["finetune"]["unfreeze_every"])
+    assert (scratch.plain.lr, scratch.ulmfit.unfreeze_every, scratch.patience) == (
+        default_params["finetune"]["plain"]["lr"], default_params["finetune"]["ulmfit"]["unfreeze_every"],
+        default_params["finetune"]["patience"])
     default_params["init"] = "hf:org/model"
     checkpoint = load(tmp_path, default_params).finetune
-    assert (checkpoint.plain_lr, checkpoint.unfreeze_every, checkpoint.gradual_unfreezing) == (3e-5, 5, False)
-    assert checkpoint.lr == scratch.lr  # a key with_init leaves out keeps its value
+    assert (checkpoint.plain.lr, checkpoint.ulmfit.unfreeze_every, checkpoint.ulmfit.gradual_unfreezing,
+            checkpoint.patience) == (3e-5, 5, False, 4)
+    # a key with_init leaves out keeps its value, in a section it sets too
+    assert (checkpoint.ulmfit.lr, checkpoint.plain.warmup_frac) == (scratch.ulmfit.lr, scratch.plain.warmup_frac)
 
 
 @pytest.mark.parametrize("with_init, message", [
     ({"plain_lrr": 1e-4}, "finetune.with_init.plain_lrr: not a training setting; one of"),
     ({"tasks": ["sst2"]}, "finetune.with_init.tasks: not a training setting"),
-    ({"lr": "fast"}, "finetune.with_init.lr: expected a number, got str 'fast'"),
-    ({"lr_decay": 0.5}, "finetune.with_init.lr_decay: 0.5 must be >= 1"),
+    ({"plain": {"lr": "fast"}}, "finetune.with_init.plain.lr: expected a number, got str 'fast'"),
+    ({"plain": {"lrr": 1e-4}},
+     "finetune.with_init.plain.lrr: unknown key; did you mean 'finetune.with_init.plain.lr'?"),
+    ({"plain": 1e-4}, "finetune.with_init.plain: expected a mapping of finetune.plain's keys, got float 0.0001"),
+    ({"ulmfit": {"lr_decay": 0.5}}, "finetune.with_init.ulmfit.lr_decay: 0.5 must be >= 1"),
+    ({"patience": 0}, "finetune.with_init.patience: 0 must be >= 1"),
 ])
 def test_with_init_is_checked_without_init(chdir_root, tmp_path, default_params, with_init, message):
     default_params["finetune"]["with_init"] = with_init
@@ -328,14 +353,15 @@ def test_distill_can_take_some_of_the_finetuned_tasks(chdir_root, tmp_path, defa
 
 
 def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_params):
-    """`dvc exp run -S finetune.with_init.plain_lr=2e-5` writes `2e-05` back (YAML 1.2), which PyYAML
+    """`dvc exp run -S finetune.with_init.plain.lr=2e-5` writes `2e-05` back (YAML 1.2), which PyYAML
     reads as a string; so does a hand-typed `1e14`. Float fields take them; other strings still fail."""
     default_params["pretrain"]["budget_flops"] = 1
+    default_params["finetune"]["plain"]["lr"] = 0.123
     path = write_params(tmp_path / "params.yaml", default_params)
     text = path.read_text().replace("budget_flops: 1\n", "budget_flops: 1e14\n", 1)
-    path.write_text(text.replace("plain_lr: ", "plain_lr: 2e-05 #", 1))
+    path.write_text(text.replace("lr: 0.123\n", "lr: 2e-05\n", 1))
     params = load_params(path, CHECKS)
-    assert params.pretrain.budget_flops == 1e14 and params.finetune.plain_lr == 2e-5
+    assert params.pretrain.budget_flops == 1e14 and params.finetune.plain.lr == 2e-5
     default_params["pretrain"]["budget_flops"] = "1e14 FLOPs"
     assert "pretrain.budget_flops: expected a number, got str '1e14 FLOPs'" in error_of(tmp_path, default_params)
 
@@ -374,7 +400,7 @@ def test_a_value_this_run_changed_where_the_recipe_sets_the_key_is_refused(chdir
     committed = copy.deepcopy(default_params)
     default_params["recipe"] = "cpu-minilm"
     default_params["finetune"].update(seeds=3, epochs=2)  # epochs: the recipe's own value
-    default_params["finetune"]["lr_decay"] = 1.5  # a key the recipe leaves alone
+    default_params["finetune"]["ulmfit"]["cut_frac"] = 0.2  # a key the recipe leaves alone
     default_params["tasks"]["imdb"]["max_len"] = 256
     path = write_params(tmp_path / "params.yaml", default_params)
     with pytest.raises(ParamsError) as info:
@@ -387,7 +413,7 @@ def test_a_value_this_run_changed_where_the_recipe_sets_the_key_is_refused(chdir
     default_params["finetune"]["seeds"] = 1
     default_params["tasks"]["imdb"]["max_len"] = 192  # as committed: the recipe's value replaces it, as it always did
     params = load_params(write_params(tmp_path / "params.yaml", default_params), CHECKS, committed)
-    assert params.finetune.seeds == 1 and params.tasks["imdb"].max_len == 384 and params.finetune.lr_decay == 1.5
+    assert params.finetune.seeds == 1 and params.tasks["imdb"].max_len == 384 and params.finetune.ulmfit.cut_frac == 0.2
 
 
 def test_a_stage_says_what_its_recipe_changes_and_from_what(chdir_root, default_params):

@@ -15,6 +15,7 @@ from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import check_tasks
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example
+from lib.training.variants import VARIANTS
 from tests.helpers import write_params
 from tests.test_pipeline import copy_reproduced, head, run
 
@@ -116,7 +117,7 @@ def test_the_report_has_a_column_per_language_with_the_drop():
                                      "tfidf_similarity": {"spearman": 0.5}}),
                "stsb_de": result("de", {"plain": {"spearman": 0.4, "spearman_std": 0.1},
                                         "tfidf_similarity": {"spearman": 0.2}}, "stsb")}
-    text = markdown(results, [])
+    text = markdown(results, [], VARIANTS)
     assert "## Zero-shot cross-lingual transfer" in text and "### From stsb: spearman" in text
     assert "| model | stsb (en) | stsb_de (de) |" in text
     assert "| plain finetune | 70.0 | 40.0 ± 10.0 (-30.0) |" in text

@@ -24,7 +24,7 @@ from lib.tasks.base import soft_loss
 from lib.tasks.classification import Example
 from lib.tasks.span_qa import masked_soft_loss
 from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs
-from lib.training.finetune import run_variant
+from lib.training.variants import run_variant
 from tests.helpers import write_jsonl_gz
 from tests import tasktype_helpers
 from tests.test_finetune import BOS, CFG, EOS, PAD, VOCAB, backbone, toy_task

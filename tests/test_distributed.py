@@ -29,7 +29,7 @@ from lib.tasks.base import UNLABELED
 from lib.tasks.classification import Example
 from lib.training.budget_loop import Trainer
 from lib.training.distill import distill_task
-from lib.training.finetune import run_variant
+from lib.training.variants import run_variant
 from tests import test_distill, test_finetune
 from tests.helpers import TOY_SPECIAL, write_params
 from tests.test_objectives import tiny_params

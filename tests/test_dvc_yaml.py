@@ -12,6 +12,7 @@ from tests.helpers import ROOT
 
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 RECIPES = Path("lib/config/recipes")  # data the params loader reads, not code
+REGISTRIES = ("objectives", "variants")  # packages whose __init__.py imports each of their modules by name
 
 
 def module_file(module: str) -> Path | None:
@@ -41,7 +42,7 @@ def imports_of(path: Path) -> frozenset[Path]:
         # importing lib.a.b runs lib/a/__init__.py first
         names += [".".join(name.split(".")[:n]) for name in names for n in range(2, name.count(".") + 1)]
         found |= {f for f in map(module_file, names) if f is not None}
-    if path.name == "__init__.py" and path.parent.name == "objectives":  # it imports every module beside it
+    if path.name == "__init__.py" and path.parent.name in REGISTRIES:  # it imports every module beside it
         found |= {p.relative_to(ROOT) for p in (ROOT / path.parent).glob("*.py")}
     return frozenset(found)
 

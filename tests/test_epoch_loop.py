@@ -1,5 +1,5 @@
 """The optimizer step's non-finite-loss rule (lib/training/optim.py), and the epoch loop's
-(lib/training/epoch_loop.py) best epoch, patience and exact resume, through finetune's full variants."""
+(lib/training/epoch_loop.py) best epoch, patience and exact resume, through the variants trained in epochs."""
 import dataclasses
 import math
 
@@ -9,15 +9,16 @@ import torch
 from lib.config.params import FinetuneConfig
 from lib.core.errors import UserError
 from lib.training.epoch_loop import EpochLoop
-from lib.training.finetune import FullTrainer, run_variant, setup
-from lib.training.optim import Stepper, adamw
+from lib.training.finetune import FullTrainer
+from lib.training.optim import Stepper, build_optimizer
+from lib.training.variants import VARIANTS, run_variant
 from tests.test_finetune import CFG, IMPL, PAD, backbone, toy_task
 
 
 def linear_step(cfg: FinetuneConfig) -> tuple[torch.nn.Linear, torch.optim.Optimizer, Stepper]:
     torch.manual_seed(0)
     module = torch.nn.Linear(2, 1)
-    optimizer = adamw(module, cfg, torch.device("cpu"), 0.1)
+    optimizer = build_optimizer(module, cfg, torch.device("cpu"), 0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return module, scheduler, Stepper(module, optimizer, scheduler, cfg, "finetune: toy", " (kept: nothing)")
 
@@ -39,7 +40,7 @@ def test_a_non_finite_loss_skips_its_batch_and_too_many_in_a_row_stop_the_run():
 
 def test_finetune_takes_adamw_settings_from_its_params(tmp_path):
     cfg = dataclasses.replace(CFG, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.05)
-    plan = setup("plain", backbone(), 2, cfg)
+    plan = VARIANTS["plain"].setup(backbone(), 2, cfg)
     trainer = FullTrainer(plan.model, plan, toy_task(), cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp",
                           "accuracy")
     groups = trainer.loop.optimizer.param_groups
@@ -49,7 +50,8 @@ def test_finetune_takes_adamw_settings_from_its_params(tmp_path):
 
 @pytest.mark.parametrize("variant", ["ulmfit", "plain", "elmo"])
 def test_a_killed_finetune_run_resumes_after_its_last_epoch_to_the_same_result(tmp_path, variant):
-    cfg = dataclasses.replace(CFG, epochs=3, patience=3, unfreeze_every=3, head_dropout=0.1)  # dropout: RNG resumes too
+    cfg = dataclasses.replace(CFG, epochs=3, patience=3, ulmfit=dataclasses.replace(CFG.ulmfit, unfreeze_every=3),
+                              head_dropout=0.1)  # dropout: RNG resumes too
 
     def run(directory, on_epoch=lambda row: None):
         return run_variant(variant, toy_task(), ["accuracy"], backbone(), cfg, IMPL, torch.device("cpu"), 1, PAD,
@@ -78,7 +80,7 @@ def test_a_killed_finetune_run_resumes_after_its_last_epoch_to_the_same_result(t
 def test_the_loop_keeps_the_best_epoch_and_stops_after_patience(tmp_path):
     module = torch.nn.Linear(2, 2)
     cfg = FinetuneConfig()
-    optimizer = adamw(module, cfg, torch.device("cpu"), 0.1)
+    optimizer = build_optimizer(module, cfg, torch.device("cpu"), 0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     loop = EpochLoop(module, module, optimizer, scheduler, cfg, epochs=10, patience=2, metric="accuracy",
                      checkpoint_dir=tmp_path, fingerprint="fp", where="toy")

@@ -163,7 +163,7 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     import torch
 
     from lib.models.classifier import Classifier, save_classifier
-    from lib.training.finetune import setup
+    from lib.training.variants import VARIANTS
     from lib.models.transformer import Transformer, TransformerConfig
 
     folder = tmp_path / task_type
@@ -183,7 +183,8 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
         torch.manual_seed(layers)
         backbone = Transformer(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
                                                  n_layers=layers, n_heads=2, d_ff=64, dropout=0.0, max_positions=64))
-        model: Classifier = setup("plain", backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]), kind).model
+        model: Classifier = VARIANTS["plain"].setup(backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]),
+                                                    kind).model
         meta = {"task": "toy", "type": task_type, "info": task.info, "label_names": task.label_names,
                 "variant": "plain", "seed": 1, "encoding": {"max_len": 32, "truncation": "head",
                                                             "text_field": task_cfg.text_field,

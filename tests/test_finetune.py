@@ -8,17 +8,21 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from lib.config.params import FinetuneConfig, ImplConfig
+from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, FrozenConfig, ImplConfig, PlainConfig,
+                               UlmfitConfig)
 from lib.models.classifier import Classifier, HeadConfig, ScalarMix, load_classifier, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
-from lib.training.finetune import FullTrainer, ProbeTrainer, RunResult, run_variant, setup
+from lib.training.finetune import FullTrainer, RunResult
 from lib.training.finetune_runs import numbered, summarise
+from lib.training.variants import VARIANTS, run_variant
+from lib.training.variants.frozen import ProbeTrainer
 from tests.helpers import skip_unless_cpu_bf16, stub_tokenizer_dir
 
 VOCAB, PAD, BOS, EOS = 40, 0, 2, 3
-CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, lr=3e-3, plain_lr=1e-3, scratch_lr=3e-3,
+CFG = FinetuneConfig(tasks=["toy"], seeds=1, epochs=4, batch_size=16, ulmfit=UlmfitConfig(lr=3e-3),
+                     plain=PlainConfig(lr=1e-3), from_scratch=FromScratchConfig(lr=3e-3), elmo=ElmoConfig(lr=3e-3),
                      head_hidden=16, head_dropout=0.0, patience=4)
 IMPL = ImplConfig(precision="fp32", compile="off")
 
@@ -78,13 +82,13 @@ def test_layer_groups_put_the_head_on_top_and_leave_the_lm_head_out():
 
 def test_ulmfit_lrs_and_gradual_unfreezing(tmp_path):
     task = toy_task()
-    cfg = dataclasses.replace(CFG, unfreeze_every=2, lr_decay=2.6)
-    plan = setup("ulmfit", backbone(), 2, cfg)
+    cfg = dataclasses.replace(CFG, ulmfit=dataclasses.replace(CFG.ulmfit, unfreeze_every=2, lr_decay=2.6))
+    plan = VARIANTS["ulmfit"].setup(backbone(), 2, cfg)
     trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
-    group_lr = {}
+    group_lr, lr = {}, cfg.ulmfit.lr
     for group in trainer.loop.optimizer.param_groups:
         group_lr[group["layer"]] = group["initial_lr"]
-    assert [group_lr[i] for i in range(4)] == pytest.approx([cfg.lr / 2.6 ** 3, cfg.lr / 2.6 ** 2, cfg.lr / 2.6, cfg.lr])
+    assert [group_lr[i] for i in range(4)] == pytest.approx([lr / 2.6 ** 3, lr / 2.6 ** 2, lr / 2.6, lr])
 
     def trainable() -> list[bool]:
         return [all(p.requires_grad for p in g) for g in trainer.groups]
@@ -104,20 +108,22 @@ def test_ulmfit_lrs_and_gradual_unfreezing(tmp_path):
 
 def test_ulmfit_ablation_switches(tmp_path):
     task = toy_task()
-    cfg = dataclasses.replace(CFG, gradual_unfreezing=False, stlr=False, warmup_frac=0.5)
-    plan = setup("ulmfit", backbone(), 2, cfg)
+    cfg = dataclasses.replace(CFG, ulmfit=dataclasses.replace(CFG.ulmfit, gradual_unfreezing=False, stlr=False,
+                                                                warmup_frac=0.5))
+    plan = VARIANTS["ulmfit"].setup(backbone(), 2, cfg)
     trainer = FullTrainer(plan.model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
     assert all(p.requires_grad for g in trainer.groups for p in g)  # every group trains from the first step
     total = trainer.steps_per_epoch * cfg.epochs
-    assert plan.schedule(total, 0)(0) == pytest.approx(1 / round(total * 0.5))  # warmup from near 0, not STLR's 1/32
-    stlr = setup("ulmfit", backbone(), 2, CFG).schedule(total, 0)
-    assert stlr(0) == pytest.approx(1 / CFG.stlr_ratio)
+    # warmup from near 0, not STLR's 1/32
+    assert plan.schedule.multiplier(total)(0) == pytest.approx(1 / round(total * 0.5))
+    stlr = VARIANTS["ulmfit"].setup(backbone(), 2, CFG).schedule.multiplier(total)
+    assert stlr(0) == pytest.approx(1 / CFG.ulmfit.stlr_ratio)
 
 
 @pytest.mark.parametrize("variant", ["ulmfit", "plain", "from_scratch", "frozen", "elmo"])
 def test_every_variant_learns_the_toy_task(variant, tmp_path):
     # elmo's head reads a random backbone's frozen features: it needs more steps than a model that moves them
-    cfg = dataclasses.replace(CFG, lr=1e-2, epochs=8, patience=8) if variant == "elmo" else CFG
+    cfg = dataclasses.replace(CFG, elmo=ElmoConfig(lr=1e-2), epochs=8, patience=8) if variant == "elmo" else CFG
     result, model = run_variant(variant, toy_task(), ["accuracy", "f1"], backbone(), cfg, IMPL,
                                 torch.device("cpu"), 1, PAD, tmp_path, "fp")
     assert result.variant == variant and len(result.dev_curve) >= 1 and 1 <= result.best_epoch <= len(result.dev_curve)
@@ -158,7 +164,7 @@ def test_scalar_mix_is_elmo_eq_1_by_hand():
 @pytest.mark.parametrize("causal", [False, True])
 def test_elmo_trains_the_mix_and_the_head_and_never_the_backbone(causal, tmp_path):
     adapted, task = backbone(causal), toy_task()
-    plan = setup("elmo", adapted, 2, CFG)
+    plan = VARIANTS["elmo"].setup(adapted, 2, CFG)
     model = plan.model
     assert model.mix is not None and len(model.mix.scalars) == adapted.cfg.n_layers + 1
     trainer = FullTrainer(model, plan, task, CFG, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
@@ -179,10 +185,10 @@ def test_elmo_trains_the_mix_and_the_head_and_never_the_backbone(causal, tmp_pat
 
 def test_elmo_without_the_mix_trains_the_same_head_on_the_last_layer(tmp_path):
     adapted, task = backbone(), toy_task()
-    cfg = dataclasses.replace(CFG, elmo_mix=False)
-    plan = setup("elmo", adapted, 2, cfg)
+    cfg = dataclasses.replace(CFG, elmo=dataclasses.replace(CFG.elmo, mix=False))
+    plan = VARIANTS["elmo"].setup(adapted, 2, cfg)
     model = plan.model
-    with_mix = setup("elmo", adapted, 2, CFG).model.head_cfg
+    with_mix = VARIANTS["elmo"].setup(adapted, 2, CFG).model.head_cfg
     assert model.mix is None and plan.frozen_backbone and model.head_cfg == dataclasses.replace(with_mix, mix=False)
     trainer = FullTrainer(model, plan, task, cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp", "accuracy")
     assert {id(p) for group in trainer.groups for p in group} == {id(p) for p in model.head.parameters()}
@@ -260,15 +266,16 @@ def test_probe_head_predicts_what_the_logistic_regression_predicts(n_classes):
 
 def test_frozen_variant_picks_the_regularisation_on_dev(tmp_path):
     task = toy_task()
-    result, _ = run_variant("frozen", task, ["accuracy"], backbone(), dataclasses.replace(CFG, probe_c=[1e-4, 1.0]),
-                            IMPL, torch.device("cpu"), 1, PAD, tmp_path, "fp")
+    cfg = dataclasses.replace(CFG, frozen=FrozenConfig(probe_c=[1e-4, 1.0]))
+    result, _ = run_variant("frozen", task, ["accuracy"], backbone(), cfg, IMPL, torch.device("cpu"), 1, PAD, tmp_path,
+                            "fp")
     assert result.history[0]["probe_c"] == 1.0 and result.best_epoch == 1  # 1e-4 leaves the probe near chance
     assert result.dev["accuracy"] == result.dev_curve[0] > 0.7
 
 
 def test_aux_lm_loss_trains_the_lm_head_of_causal_models(tmp_path):
     cfg = dataclasses.replace(CFG, aux_lm_weight=0.5, epochs=1)
-    plan = setup("plain", backbone(causal=True), 2, cfg)
+    plan = VARIANTS["plain"].setup(backbone(causal=True), 2, cfg)
     trainer = FullTrainer(plan.model, plan, toy_task(), cfg, IMPL, torch.device("cpu"), PAD, 0, tmp_path, "fp",
                           "accuracy")
     dense = plan.model.backbone.head.dense.weight.detach().clone()
@@ -299,7 +306,7 @@ def test_the_plain_head_is_transformers_sequence_classification_head(shape):
     overrides = {"bert": {}, "electra": {"norm": "post", "embedding_size": 16},
                  "gpt2": {"causal": True, "norm": "pre", "embedding_norm": False, "lm_head": "linear",
                           "segment_vocab": 0}}[shape]
-    head = setup("plain", backbone(**overrides), 3, CFG).model.head
+    head = VARIANTS["plain"].setup(backbone(**overrides), 3, CFG).model.head
     kinds = [type(m).__name__ for m in head]
     if shape == "gpt2":
         assert kinds == ["Dropout", "Linear"] and head[-1].bias is None
@@ -312,7 +319,16 @@ def test_a_pretrained_pooler_moves_into_the_plain_head():
     adapted = backbone(pooler=True)
     pooler = adapted.pooler.dense.weight.detach().clone()
     for variant in ("plain", "from_scratch"):
-        model = setup(variant, adapted, 2, CFG).model
+        model = VARIANTS[variant].setup(adapted, 2, CFG).model
         assert model.backbone.pooler is None and not model.backbone.cfg.pooler
         assert torch.equal(model.head[1].weight, pooler) == (variant == "plain")  # from_scratch: a fresh one
     assert adapted.pooler is not None  # setup works on a copy
+
+
+def test_every_variant_has_its_settings_section_and_a_label():
+    """A variant is its file and its section of FinetuneConfig, named alike (lib/training/variants)."""
+    settings = FinetuneConfig()
+    for name, variant in VARIANTS.items():
+        assert dataclasses.is_dataclass(getattr(settings, name)), name
+        assert variant.name == name and variant.label
+    assert [name for name, v in VARIANTS.items() if v.random_init] == ["from_scratch"]

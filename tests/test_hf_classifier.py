@@ -163,10 +163,10 @@ TYPE_META = {"regression": {"info": {"mean": 2.5, "std": 1.5}}, "multiple_choice
     ("tagging", "gpt2"), ("span_qa", "gpt2"), ("multiple_choice", "roberta"), ("regression", "electra"),
     ("tagging", "esm"), ("regression", "esm"), ("tagging", "xlm"), ("span_qa", "xlm"), ("regression", "xlm")])
 def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, task_type, shape):
-    """The plain head of each type (lib.training.finetune.setup) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
+    """The plain head of each type (lib/training/variants/plain.py) on a BERT/GPT-2/RoBERTa/ELECTRA shape: transformers'
     model for the type gives our outputs (a regression model the score in label units), and the folder
     loads back into lib with the same weights."""
-    from lib.training.finetune import setup
+    from lib.training.variants import VARIANTS
     from lib.models.transformer import Transformer, TransformerConfig
     from lib.config.params import FinetuneConfig
     from lib.tasks.base import TaskData
@@ -181,8 +181,8 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     meta = {"type": task_type, "label_names": [], "language": language, **TYPE_META[task_type]}
     task = TaskData("toy", meta["label_names"], [], [], None, "", {}, {}, type=task_type, info=meta.get("info", {}))
     kind = TYPES[task_type]
-    model = setup("plain", Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
-                  kind).model.eval()
+    model = VARIANTS["plain"].setup(Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
+                                    kind).model.eval()
     for weight in (p for p in model.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
     model.read_as(language)

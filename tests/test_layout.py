@@ -42,19 +42,21 @@ def test_lib_is_role_packages_only():
                      "serving"}
 
 
-def code_files() -> list[Path]:
-    """The code a name's knowledge could hide in: lib/, stages/, bench/."""
-    return sorted(p for folder in ("lib", "stages", "bench") for p in (ROOT / folder).rglob("*.py"))
-
-
-def string_constants(tree: ast.AST) -> list[ast.Constant]:
-    """The string constants of a parsed file, without docstrings (which may name anything)."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
-    return [node for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+def names_outside(names, allowed) -> list[str]:
+    """`file:line 'name'` of each string constant in lib/, stages/ and bench/ that is one of `names`, but
+    for docstrings and the constants (AST nodes) `allowed(path, tree)` returns."""
+    found = []
+    for path in sorted(p for folder in ("lib", "stages", "bench") for p in (ROOT / folder).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {node.body[0].value for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        skipped = docstrings | allowed(path, tree)
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                  and node not in skipped]
+    return found
 
 
 def test_no_task_type_is_named_outside_its_package():
@@ -62,13 +64,10 @@ def test_no_task_type_is_named_outside_its_package():
     means knowledge of it sits outside its file. Docstrings and comments may name it."""
     from lib.tasks import TYPES
 
-    found = []
-    for path in code_files():
-        if (ROOT / "lib" / "tasks") in path.parents:
-            continue
-        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
-                  for node in string_constants(ast.parse(path.read_text(encoding="utf-8"))) if node.value in TYPES]
-    assert found == []
+    def allowed(path: Path, tree: ast.Module) -> set:
+        return set(ast.walk(tree)) if LIB / "tasks" in path.parents else set()
+
+    assert names_outside(TYPES, allowed) == []
 
 
 def test_no_checkpoint_family_is_named_outside_its_module():
@@ -83,13 +82,34 @@ def test_no_checkpoint_family_is_named_outside_its_module():
     from lib.objectives import OBJECTIVES
 
     home = {name: Path(sys.modules[type(family).__module__].__file__).resolve() for name, family in FAMILIES.items()}
-    found = []
-    for path in code_files():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        built = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
+
+    def allowed(path: Path, tree: ast.Module) -> set:
+        built = {call.args[0] for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
                  and getattr(call.func, "id", getattr(call.func, "attr", None)) == "build_objective"}
-        objective_code = (ROOT / "lib" / "objectives") in path.parents
-        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in string_constants(tree)
-                  if node.value in home and path.resolve() != home[node.value]
-                  and not (node.value in OBJECTIVES and (objective_code or id(node) in built))]
-    assert found == []
+        objective_code = LIB / "objectives" in path.parents
+        return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and (path.resolve() == home.get(node.value)
+                     or (node.value in OBJECTIVES and (objective_code or node in built)))}
+
+    assert names_outside(home, allowed) == []
+
+
+def test_no_finetune_variant_is_named_outside_its_file():
+    """A finetune variant owns everything about itself (lib/training/variants/<name>.py): its name as a string
+    anywhere else in the code (another variant's file too) means knowledge of it sits outside its file.
+    Its settings are a section of lib/config/params.py's FinetuneConfig, a field of the variant's name, not
+    a string; the one place params.py may write names is finetune.variants' default list."""
+    from lib.training.variants import VARIANTS
+
+    def allowed(path: Path, tree: ast.Module) -> set:
+        if path.parent == LIB / "training" / "variants":
+            return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == path.stem}
+        if path == LIB / "config" / "params.py":
+            config = next(node for node in tree.body
+                          if isinstance(node, ast.ClassDef) and node.name == "FinetuneConfig")
+            default = next(node for node in config.body
+                           if isinstance(node, ast.AnnAssign) and node.target.id == "variants")
+            return set(ast.walk(default.value))
+        return set()
+
+    assert names_outside(VARIANTS, allowed) == []

@@ -15,6 +15,7 @@ from lib.evaluation.report import markdown
 from lib.models.classifier import HeadConfig, load_classifier
 from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, OnnxClassifier, export_onnx, to_onnx
 from lib.serving.predict import TextClassifier
+from lib.training.variants import VARIANTS
 from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, CORPUS, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_CORPUS, TINY_TEXTS
@@ -167,7 +168,7 @@ def test_the_summary_puts_onnx_runtime_beside_pytorch():
               "efficiency": {"student": {"params": 600, "disk_bytes": 2_400_000, "cpu": cpu}},
               "onnx": {"student": {"disk_bytes": 2_500_000, "cpu": onnx_cpu},
                        "student_int8": {"disk_bytes": 700_000, "cpu": {**onnx_cpu, "p50_ms": 2.0, "p95_ms": 2.2}}}}
-    text = markdown({"imdb": result}, [])
+    text = markdown({"imdb": result}, [], VARIANTS)
     assert "| student, int8 (ONNX Runtime) | 79.0 |" in text
     assert "| student (distilled) | 600 | 2.4 MB | 10.0 / 12.5 | 150 | 4.0 / 4.5 |" in text
     assert "| student, int8 (ONNX Runtime) | 600 | 0.7 MB | – | – | 2.0 / 2.2 |" in text

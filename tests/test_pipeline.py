@@ -88,7 +88,8 @@ def tiny_params(repo: Path) -> None:
     params["tasks"]["imdb"]["max_len"] = 64
     params["tasks"]["sst2"]["max_len"] = 32
     params["finetune"].update(seeds=1, epochs=1, batch_size=8, max_train_examples={"imdb": 100}, max_eval_examples=None,
-                              dev_fraction=0.2, dev_max=40, head_hidden=16, unfreeze_every=8)
+                              dev_fraction=0.2, dev_max=40, head_hidden=16)
+    params["finetune"]["ulmfit"]["unfreeze_every"] = 8
     params["distill"].update(layers=1, epochs=1, batch_size=8, max_unlabeled=40)
     params["evaluate"].update(latency_seq_len=32, latency_repeats=5, throughput_batch=4)
     path.write_text(yaml.safe_dump(params, sort_keys=False))

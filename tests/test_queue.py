@@ -15,8 +15,9 @@ def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
     run(repo, "git", "add", "-A")
     run(repo, "git", "commit", "-qm", "baseline")
     for name, lr in (("lr-low", "0.004"), ("lr-high", "0.006")):
-        # finetune.lr is the ulmfit variant's: the other variants, which it would not change, are left out
-        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.lr={lr}", "-S", "finetune.variants=[ulmfit]")
+        # finetune.ulmfit.lr is the ulmfit variant's: the other variants, which it would not change, are left out
+        run(repo, "dvc", "exp", "run", "--queue", "-n", name, "-S", f"finetune.ulmfit.lr={lr}", "-S",
+            "finetune.variants=[ulmfit]")
     out = run(repo, "dvc", "exp", "run", "--run-all", "-j", "2")
     assert out.count("Running stage 'finetune'") == 2 and "Running stage 'pretrain'" not in out
     assert out.count("shared by 2 queue workers") >= 2  # torch's threads divided between the two (lib/core/runtime.py)
@@ -31,7 +32,7 @@ def test_two_queued_experiments_run_side_by_side(reproduced, tmp_path):
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`dvc.exp_name` = '{name}'")
         parents = [r for r in runs if r.data.tags.get("pipeline.role") == "pipeline"]
         stages = [r for r in runs if r.data.tags.get("pipeline.role") == "stage"]
-        assert len(parents) == 1 and parents[0].data.params["finetune.lr"] == lr
+        assert len(parents) == 1 and parents[0].data.params["finetune.ulmfit.lr"] == lr
         assert sorted(r.data.tags["stage"] for r in stages) == ["distill", "evaluate", "finetune"]
         assert all(r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
                    for r in stages)

@@ -3,6 +3,7 @@ import time
 
 from lib.evaluation import report
 from lib.evaluation.report import confusion_figure, fmt, markdown, write_report
+from lib.training.variants import VARIANTS
 
 CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128, "threads": 2}
 RESULTS = {
@@ -32,7 +33,7 @@ def test_fmt_shows_percent_and_std():
 
 
 def test_markdown_tables_name_every_model_and_the_student_figures():
-    text = markdown(RESULTS, ["scores.png"])
+    text = markdown(RESULTS, ["scores.png"], VARIANTS)
     assert "| teacher (best finetuned) | 84.0 |" in text
     assert "| ULMFiT | 80.0 ± 1.0 |" in text
     assert "| TF-IDF + LR (same 3,000 train as finetuning) | 86.0 |" in text
@@ -42,21 +43,21 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
     assert "| student (distilled) | 600 | 2.4 MB | 5.0 / 12.5 | 150 |" in text
     assert "`plain` (seed 1338)" in text and "test_unlabeled has no labels" in text and "![scores.png](scores.png)" in text
     assert ("Pretraining against from scratch (test accuracy, difference of the means; the spread is the larger std "
-            "over seeds): plain finetune -0.5 (within the seeds' spread of 2.0); ULMFiT +2.0 (beyond the seeds' spread "
-            "of 1.0).") in text
+            "over seeds): ULMFiT +2.0 (beyond the seeds' spread of 1.0); plain finetune -0.5 (within the seeds' spread "
+            "of 2.0).") in text
     assert text.count("Pretraining against from scratch") == 1  # rte ran no from_scratch
 
 
 def test_gpu_timings_are_shown_where_evaluate_measured_them():
     gpu = {**CPU, "p50_ms": 1.25, "throughput": 4000.0, "threads": None}
     efficiency = {role: {**e, "cuda": gpu} for role, e in RESULTS["imdb"]["efficiency"].items()}
-    text = markdown({"imdb": {**RESULTS["imdb"], "efficiency": efficiency}}, [])
+    text = markdown({"imdb": {**RESULTS["imdb"], "efficiency": efficiency}}, [], VARIANTS)
     assert "GPU: teacher p50 1.25 ms, 4000 sequences/s; student p50 1.25 ms" in text
-    assert "GPU:" not in markdown(RESULTS, [])
+    assert "GPU:" not in markdown(RESULTS, [], VARIANTS)
 
 
 def test_write_report_writes_summary_and_figures(tmp_path):
-    written = write_report(RESULTS, tmp_path)
+    written = write_report(RESULTS, tmp_path, VARIANTS)
     names = {p.name for p in written}
     assert names == {"summary.md", "scores.png", "speed.png", "confusion_imdb.png"}
     assert all((tmp_path / n).stat().st_size > 0 for n in names)
@@ -66,9 +67,9 @@ def test_write_report_writes_summary_and_figures(tmp_path):
 def test_warnings_open_the_summary():
     """A stage a time limit stopped early is said before any table, in the words its metrics hold."""
     warning = "**pretrain stopped early**: pretrain.budget_minutes (60) stopped it after 612,352 of 4,505,600 planned tokens."
-    lines = markdown(RESULTS, [], [warning]).splitlines()
+    lines = markdown(RESULTS, [], VARIANTS, [warning]).splitlines()
     assert lines[:4] == ["# Evaluation summary", "", f"> {warning}", ""]
-    assert not markdown(RESULTS, []).splitlines()[2].startswith(">")
+    assert not markdown(RESULTS, [], VARIANTS).splitlines()[2].startswith(">")
 
 
 def drawn_figures(monkeypatch) -> list:
@@ -94,7 +95,7 @@ def test_a_large_confusion_matrix_is_drawn_by_colour_alone_and_fast(tmp_path, mo
 
 def test_provenance_heads_the_summary_before_the_warnings():
     provenance = {"commit": "`0123456789ab` with uncommitted changes", "MLflow parent run": "`abc`"}
-    lines = markdown(RESULTS, [], ["**pretrain stopped early**: ..."], provenance).splitlines()
+    lines = markdown(RESULTS, [], VARIANTS, ["**pretrain stopped early**: ..."], provenance).splitlines()
     assert lines[:6] == ["# Evaluation summary", "", "- commit: `0123456789ab` with uncommitted changes",
                          "- MLflow parent run: `abc`", "", "> **pretrain stopped early**: ..."]
 
@@ -105,7 +106,7 @@ def test_scores_merge_the_tasks_with_one_model_into_one_panel(tmp_path, monkeypa
     figures = drawn_figures(monkeypatch)
     tasks = {**RESULTS, "cola": {**RESULTS["rte"], "metric": "mcc", "metrics": ["mcc"], "splits": {"validation": {
         "examples": 30, "train_examples": 80, "full_train_examples": 80, "scores": {"tfidf": {"mcc": -0.1}}}}}}
-    report.scores_figure(tasks, tmp_path / "scores.png")
+    report.scores_figure(tasks, tmp_path / "scores.png", VARIANTS)
     imdb, shared = figures[0].axes
     assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 7
     assert [t.get_text() for t in shared.get_yticklabels()] == [
@@ -161,7 +162,7 @@ TYPED = {
 
 
 def test_each_task_type_has_its_table_and_squad_says_its_data_is_the_dev_set_split_by_article():
-    text = markdown(TYPED, [])
+    text = markdown(TYPED, [], VARIANTS)
     assert "**Data: our SQuAD copies are the official dev set split by article.**" in text
     assert "| model | validation f1 | validation exact_match |" in text
     assert "| teacher (best finetuned) | validation | 40.0 / 55.0 | 60.0 / 60.0 | 50.0 / 60.0 | 0.250 |" in text
@@ -176,7 +177,7 @@ def test_each_task_type_has_its_table_and_squad_says_its_data_is_the_dev_set_spl
 
 def test_typed_figures_entity_f1_bars_and_predicted_vs_gold(tmp_path, monkeypatch):
     figures = drawn_figures(monkeypatch)
-    written = {p.name for p in write_report(TYPED, tmp_path)}
+    written = {p.name for p in write_report(TYPED, tmp_path, VARIANTS)}
     assert written == {"summary.md", "scores.png", "speed.png", "entity_f1_conll.png", "predicted_vs_gold_stsb.png"}
     titles = [ax.get_title(loc="left") for fig in figures for ax in fig.axes]
     assert "squad_v2 (SQuAD dev, article split)" in titles and "conll: F1 per entity type" in titles

@@ -1,5 +1,5 @@
 """Every task type through the finetune loop: read from a local folder (bad rows skipped and counted,
-dev hashed out of train), trained by lib.training.finetune.run_variant's plain, ulmfit and frozen variants on a
+dev hashed out of train), trained by lib.training.variants.run_variant's plain, ulmfit and frozen variants on a
 tiny backbone, and scored on its evaluation split with its own metrics, far above what guessing gets."""
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.config.params import FinetuneConfig, ImplConfig, TaskConfig
+from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, ImplConfig, PlainConfig, TaskConfig,
+                               UlmfitConfig)
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import TYPES, task_metrics
-from lib.training.finetune import run_variant
+from lib.training.variants import run_variant
 from tests.tasktype_helpers import WORDS, one_thread, trained  # noqa: F401
 
 CITIES, PEOPLE = ["Paris", "Normandy"], ["Rollo"]
 PLAIN = [w for w in WORDS if w not in CITIES + PEOPLE]
-CFG = FinetuneConfig(tasks=[], variants=["plain"], epochs=4, batch_size=16, plain_lr=3e-3, lr=1e-2, scratch_lr=3e-3,
-                     dev_fraction=0.2, dev_max=60, head_hidden=16, head_dropout=0.0, unfreeze_every=4, patience=4,
-                     warmup_frac=0.1)
+CFG = FinetuneConfig(tasks=[], variants=["plain"], epochs=4, batch_size=16, plain=PlainConfig(lr=3e-3),
+                     ulmfit=UlmfitConfig(lr=1e-2, unfreeze_every=4), from_scratch=FromScratchConfig(lr=3e-3),
+                     elmo=ElmoConfig(lr=1e-2), dev_fraction=0.2, dev_max=60, head_hidden=16, head_dropout=0.0,
+                     patience=4)
 IMPL = ImplConfig(precision="fp32", compile=False)
 
 

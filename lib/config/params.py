@@ -19,7 +19,6 @@ import yaml
 
 from lib.core.errors import UserError
 
-Variant = Literal["ulmfit", "plain", "from_scratch", "frozen", "elmo"]
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".csv", ".csv.gz", ".tsv", ".tsv.gz",
                   ".parquet")
@@ -372,8 +371,9 @@ class TLMConfig:
 
 @dataclass
 class OptimizerConfig:
-    """AdamW and the optimizer step (lib/training/optim.py), the same keys in every stage that trains."""
+    """The optimizer and its step (lib/training/optim.py), the same keys in every stage that trains."""
 
+    optimizer: str = "adamw"  # one of lib.training.optim.OPTIMIZERS
     weight_decay: float = 0.01  # on matrices, never on biases and norms
     beta1: float = 0.9
     beta2: float = 0.98
@@ -396,9 +396,9 @@ class TrainConfig(OptimizerConfig):
     batch_size: int = 32  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3  # the peak LR (of the top layer group when lr_decay > 1)
-    # linear/cosine: warmup_steps, then decay to min_lr_ratio * lr at the token budget;
-    # stlr: ULMFiT's slanted triangular LR, up for cut_frac of the steps, then down to lr / stlr_ratio
-    schedule: Literal["linear", "cosine", "stlr"] = "linear"
+    # one of lib.training.optim.SCHEDULES: linear/cosine: warmup_steps, then decay to min_lr_ratio * lr at the
+    # token budget; stlr: ULMFiT's slanted triangular LR, up for cut_frac of the steps, then down to lr / stlr_ratio
+    schedule: str = "linear"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     cut_frac: float = 0.1
@@ -446,8 +446,76 @@ class AdaptConfig(TrainConfig):
     """ULMFiT step 2: continue the pretraining objective on the target domain's unlabeled text."""
 
     enabled: bool = True  # false: the pretrained model goes on unchanged (to measure what adapting adds)
-    schedule: Literal["linear", "cosine", "stlr"] = "stlr"
+    schedule: str = "stlr"
     lr_decay: float = 2.6
+
+
+def check_lr_warmup(section: Any, key: str) -> None:
+    """A finetune variant's peak LR and the share of its steps that warm up to it."""
+    if section.lr <= 0:
+        raise ParamsError(f"{key}.lr: {section.lr} must be > 0")
+    if not 0 <= section.warmup_frac < 1:
+        raise ParamsError(f"{key}.warmup_frac: {section.warmup_frac} must be in [0, 1)")
+
+
+# Each finetune variant's settings (lib/training/variants/<name>.py reads finetune.<name>)
+
+
+@dataclass
+class UlmfitConfig:
+    """ulmfit: the adapted model, ULMFiT's concat-pooling block, gradual unfreezing, discriminative LRs, STLR."""
+
+    lr: float = 5e-3  # the top layer group's (the head's) peak LR; each group below / lr_decay
+    lr_decay: float = 2.6
+    cut_frac: float = 0.1
+    stlr_ratio: float = 32.0
+    unfreeze_every: int = 0  # steps between unfreezing the next group from the top; 0 = every epoch
+    gradual_unfreezing: bool = True  # false trains every group from the first step (ablation)
+    stlr: bool = True  # false: warmup_frac warmup then linear decay, as plain (ablation)
+    warmup_frac: float = 0.1  # with stlr false
+
+    def validate(self, key: str) -> None:
+        check_lr_warmup(self, key)
+        check_ulmfit_lr(self, key)
+
+
+@dataclass
+class PlainConfig:
+    """plain: the adapted model, transformers' head of its family, every layer, one LR, linear warmup and decay."""
+
+    lr: float = 1e-3
+    warmup_frac: float = 0.1  # linear warmup over this share of the steps, then linear decay to 0
+
+    def validate(self, key: str) -> None:
+        check_lr_warmup(self, key)
+
+
+@dataclass
+class FromScratchConfig(PlainConfig):
+    """from_scratch: plain on random weights of the same shape; they need a larger LR than pretrained ones."""
+
+
+@dataclass
+class FrozenConfig:
+    """frozen: a logistic-regression probe on the frozen backbone's features."""
+
+    probe_c: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])  # inverse L2 strengths, best on dev
+
+    def validate(self, key: str) -> None:
+        if not self.probe_c or min(self.probe_c) <= 0:
+            raise ParamsError(f"{key}.probe_c: {self.probe_c} must be a non-empty list of positive numbers")
+
+
+@dataclass
+class ElmoConfig:
+    """elmo: the frozen backbone, a learned scalar mix of every layer's states and the concat block on them."""
+
+    lr: float = 5e-3  # the mix's and the block's peak LR
+    warmup_frac: float = 0.1  # linear warmup over this share of the steps, then linear decay to 0
+    mix: bool = True  # false reads the last layer only: the same head without the mix (ablation)
+
+    def validate(self, key: str) -> None:
+        check_lr_warmup(self, key)
 
 
 # what finetune runs rather than how it trains: with_init cannot change these
@@ -457,14 +525,11 @@ FINETUNE_SELECTION_KEYS = ("tasks", "variants", "seeds", "max_train_examples", "
 
 @dataclass
 class FinetuneConfig(OptimizerConfig):
-    """ULMFiT step 3 and its baselines, per task x variant x seed."""
+    """ULMFiT step 3 and its baselines, per task x variant x seed; each variant's own settings in its section."""
 
     tasks: list[str] = field(default_factory=lambda: ["imdb", "sst2"])  # names in `tasks`
-    # ulmfit: adapted model, concat-pooling head, gradual unfreezing, discriminative LRs, STLR;
-    # plain: adapted model, linear head on [CLS]/last token, all layers, one LR, linear warmup/decay;
-    # from_scratch: plain on a randomly initialised model of the same shape; frozen: linear probe;
-    # elmo: frozen backbone, a learned scalar mix of every layer's states, the concat block trained at `lr`
-    variants: list[Variant] = field(default_factory=lambda: ["ulmfit", "plain", "from_scratch", "frozen"])
+    # finetune variants of lib/training/variants, each set in its section below
+    variants: list[str] = field(default_factory=lambda: ["ulmfit", "plain", "from_scratch", "frozen"])
     seeds: int = 2  # runs per task x variant, seeds seed, seed+1, ...
     epochs: int = 3
     batch_size: int = 32
@@ -475,40 +540,43 @@ class FinetuneConfig(OptimizerConfig):
     max_eval_examples: int | dict[str, int] | None = None
     dev_fraction: float = 0.1  # of train, hashed out as the dev set that picks the best epoch
     dev_max: int = 2000
-    lr: float = 5e-3  # ulmfit: the head's LR; lower groups / lr_decay each
-    lr_decay: float = 2.6
-    cut_frac: float = 0.1
-    stlr_ratio: float = 32.0
-    unfreeze_every: int = 0  # ulmfit: steps between unfreezing the next group from the top; 0 = every epoch
-    gradual_unfreezing: bool = True  # ulmfit; false trains every group from the first step (ablation)
-    stlr: bool = True  # ulmfit's schedule; false: warmup_frac warmup then linear decay, as plain (ablation)
-    plain_lr: float = 1e-3  # plain
-    scratch_lr: float = 1e-3  # from_scratch: random weights need a larger LR than pretrained ones
-    warmup_frac: float = 0.1  # plain, from_scratch: linear warmup, then linear decay to 0
-    # frozen: inverse L2 strengths of the logistic-regression probe, the best picked on dev
-    probe_c: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0])
     head_hidden: int = 128  # ULMFiT classifier block: concat pool -> norm, dropout, linear, ReLU, norm, dropout, linear
     head_dropout: float = 0.1
-    elmo_mix: bool = True  # elmo; false reads the last layer only: the same head without the mix (ablation)
     aux_lm_weight: float = 0.0  # GPT-1 lambda: auxiliary LM loss while finetuning (causal models only)
     patience: int = 2  # epochs without a better dev score before stopping
-    # with `init` set, these values replace the keys above of the same name: a published transformer
-    # wants far gentler LRs than ULMFiT's, which were tuned for an LSTM (docs/results/: the ablation from MiniLM)
+    ulmfit: UlmfitConfig = field(default_factory=UlmfitConfig)
+    plain: PlainConfig = field(default_factory=PlainConfig)
+    from_scratch: FromScratchConfig = field(default_factory=FromScratchConfig)
+    frozen: FrozenConfig = field(default_factory=FrozenConfig)
+    elmo: ElmoConfig = field(default_factory=ElmoConfig)
+    # with `init` set, these values replace the keys above of the same name (a variant's section key by key):
+    # a published transformer wants far gentler LRs than ULMFiT's, which were tuned for an LSTM (docs/results/:
+    # the ablation from MiniLM)
     with_init: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         self.check(key)
         hints = typing.get_type_hints(FinetuneConfig)
         for name, value in self.with_init.items():
+            where = f"{key}.with_init.{name}"
             if name not in hints or name in FINETUNE_SELECTION_KEYS:
                 allowed = [k for k in hints if k not in FINETUNE_SELECTION_KEYS]
-                raise ParamsError(f"{key}.with_init.{name}: not a training setting; one of {', '.join(allowed)}")
-            self.with_init[name] = _coerce(value, hints[name], f"{key}.with_init.{name}")
+                raise ParamsError(f"{where}: not a training setting; one of {', '.join(allowed)}")
+            if not dataclasses.is_dataclass(hints[name]):
+                self.with_init[name] = _coerce(value, hints[name], where)
+                continue
+            # a variant's section: the keys given replace those of finetune.<name>, checked as that section
+            if not isinstance(value, dict):
+                raise ParamsError(f"{where}: expected a mapping of {key}.{name}'s keys, got {_describe(value)}")
+            section = build(hints[name], {**dataclasses.asdict(getattr(self, name)), **value}, where)
+            self.with_init[name] = {str(k): getattr(section, str(k)) for k in value}
         self.from_checkpoint().check(f"{key}.with_init")
 
     def from_checkpoint(self) -> FinetuneConfig:
         """This config with with_init's values in place: what finetuning a published checkpoint uses."""
-        return dataclasses.replace(self, **self.with_init)
+        return dataclasses.replace(self, **{
+            name: dataclasses.replace(getattr(self, name), **value) if dataclasses.is_dataclass(getattr(self, name))
+            else value for name, value in self.with_init.items()})
 
     def check(self, key: str) -> None:
         self.check_optimizer(key)
@@ -524,13 +592,8 @@ class FinetuneConfig(OptimizerConfig):
             for task, limit in (value if isinstance(value, dict) else {"": value}).items():
                 if limit is not None and limit < 1:
                     raise ParamsError(f"{key}.{name}{'.' + task if task else ''}: {limit} must be >= 1 (or null for all)")
-        if min(self.lr, self.plain_lr, self.scratch_lr) <= 0 or not 0 <= self.warmup_frac < 1:
-            raise ParamsError(f"{key}: lr, plain_lr and scratch_lr must be > 0 and warmup_frac in [0, 1)")
-        if not self.probe_c or min(self.probe_c) <= 0:
-            raise ParamsError(f"{key}.probe_c: {self.probe_c} must be a non-empty list of positive numbers")
         if not 0.0 <= self.head_dropout < 1.0 or self.aux_lm_weight < 0:
             raise ParamsError(f"{key}: need 0 <= head_dropout < 1 and aux_lm_weight >= 0")
-        check_ulmfit_lr(self, key)
 
     def train_limit(self, task: str) -> int | None:
         """How many train examples of `task` finetuning (and what compares with it) uses; None = all."""
@@ -780,7 +843,7 @@ def at_least_one_or_null(section: Any, key: str, *names: str) -> None:
 
 
 def check_ulmfit_lr(section: Any, key: str) -> None:
-    """The STLR and discriminative-LR fields shared by TrainConfig and FinetuneConfig."""
+    """The STLR and discriminative-LR fields shared by TrainConfig and UlmfitConfig."""
     if not 0.0 < section.cut_frac < 1.0 or section.stlr_ratio < 1.0:
         raise ParamsError(f"{key}.cut_frac/stlr_ratio: need 0 < cut_frac < 1 and stlr_ratio >= 1")
     if section.lr_decay < 1.0:

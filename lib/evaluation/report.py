@@ -10,7 +10,7 @@ import hashlib
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 import matplotlib
 
@@ -30,30 +30,38 @@ ANNOTATED_MAX_CLASSES = 20
 # Figures 7 inches wide at 110 dpi (770 px): readable on a laptop screen and in MLflow's artifact view
 # without zooming, their labels at 9-10 pt
 FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
-# the variants are named, not the LM they start from: the summary's "started from" line says whether it was adapted
+# the models that are not finetune variants (each variant has its own label: Shown)
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
-         "ulmfit": "ULMFiT", "plain": "plain finetune", "from_scratch": "from scratch",
-         "frozen": "frozen features + linear", "elmo": "ELMo layer mix (frozen)", "tfidf": "TF-IDF + LR",
-         "student_int8": "student, int8 (ONNX Runtime)"}
+         "tfidf": "TF-IDF + LR", "student_int8": "student, int8 (ONNX Runtime)"}
 # the task types' train-only baselines (lib.metrics.baselines), each also as "<name>_full_train"
 BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values()}
 
 
-def write_report(results: dict[str, Any], out_dir: Path, warnings: list[str] = (),
+class Shown(Protocol):
+    """What the report reads of a finetune variant (lib.training.variants.base.Variant), which the evaluate
+    stage passes in: the variants are named, not the LM they start from (the summary's "started from" line
+    says whether it was adapted)."""
+
+    label: str  # its models' name in the tables and figures
+    random_init: bool  # its weights start random: what pretraining is measured against
+
+
+def write_report(results: dict[str, Any], out_dir: Path, variants: Mapping[str, Shown], warnings: list[str] = (),
                  provenance: dict[str, str] | None = None) -> list[Path]:
-    """summary.md and figures into out_dir (which must exist); returns the files written. `provenance`
-    (what produced the results: commit, date, params, run, machine; label -> markdown) heads the summary,
-    so a stale copy says so; `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow."""
-    figures = [scores_figure(results, out_dir / "scores.png"), speed_figure(results, out_dir / "speed.png")]
+    """summary.md and figures into out_dir (which must exist); returns the files written. `variants`: the
+    finetune variants by name (lib.training.variants.VARIANTS). `provenance` (what produced the results:
+    commit, date, params, run, machine; label -> markdown) heads the summary, so a stale copy says so;
+    `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow."""
+    figures = [scores_figure(results, out_dir / "scores.png", variants), speed_figure(results, out_dir / "speed.png")]
     figures += [confusion_figure(task, r, out_dir / f"confusion_{task}.png")
                 for task, r in results.items() if r.get("confusion")]
-    figures += [entity_figure(task, r, out_dir / f"entity_f1_{task}.png") for task, r in results.items()
+    figures += [entity_figure(task, r, out_dir / f"entity_f1_{task}.png", variants) for task, r in results.items()
                 if r.get("per_type")]
     figures += [scatter_figure(task, r, out_dir / f"predicted_vs_gold_{task}.png") for task, r in results.items()
                 if r.get("scatter")]
     figures = [f for f in figures if f is not None]
     summary = out_dir / "summary.md"
-    summary.write_text(markdown(results, [f.name for f in figures], warnings, provenance), encoding="utf-8")
+    summary.write_text(markdown(results, [f.name for f in figures], variants, warnings, provenance), encoding="utf-8")
     return [summary, *figures]
 
 
@@ -134,7 +142,7 @@ def cpu_model() -> str:
         pass
     return platform.processor() or platform.machine()
 
-def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = (),
+def markdown(results: dict[str, Any], figures: list[str], variants: Mapping[str, Shown], warnings: list[str] = (),
              provenance: dict[str, str] | None = None) -> str:
     about = [f"- {label}: {value}" for label, value in (provenance or {}).items()]
     lines = ["# Evaluation summary", "", *about, *([""] if about else []),
@@ -158,10 +166,10 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
         models = list(dict.fromkeys(m for s in splits for m in r["splits"][s]["scores"]))
         for model in models:
             cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
-            lines.append(f"| {row_label(model, r['splits'][splits[0]])} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row_label(model, r['splits'][splits[0]], variants)} | " + " | ".join(cells) + " |")
         lines.append("")
-        lines += pretraining_gain(r)
-        lines += no_answer_table(r)
+        lines += pretraining_gain(r, variants)
+        lines += no_answer_table(r, variants)
         efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
         if efficiency:
             typed = not onnx  # not served: timed per call as `timed` says, no ONNX Runtime
@@ -194,12 +202,12 @@ def markdown(results: dict[str, Any], figures: list[str], warnings: list[str] = 
         if r.get("retained") is not None:
             lines += [f"The student keeps **{100 * r['retained']:.1f}%** of the teacher's {metric} and is "
                       f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
-    lines += transfer_tables(results)
+    lines += transfer_tables(results, variants)
     lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
     return "\n".join(lines)
 
 
-def transfer_tables(results: dict[str, Any]) -> list[str]:
+def transfer_tables(results: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
     """Zero-shot cross-lingual transfer: per task that others transfer from (tasks.<name>.transfer_from),
     one table, a row per model scored on them (the finetune variants, the baselines), a column per
     task and its language, the source first; each transfer cell with its difference from the source's
@@ -229,35 +237,36 @@ def transfer_tables(results: dict[str, Any]) -> list[str]:
                 score = firsts[name].get(model, {}).get(metric)
                 drop = f" ({100 * (score - base):+.1f})" if score is not None and base is not None else ""
                 cells.append(fmt(firsts[name].get(model), metric) + drop)
-            lines.append(f"| {row_label(model, first_transfer)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row_label(model, first_transfer, variants)} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
 
 
-def pretraining_gain(r: dict[str, Any]) -> list[str]:
-    """How far each variant that starts from the pretrained model lands from `from_scratch` (the same
-    finetuning from random weights) on the first split's first metric, beside the seeds' spread: whether
-    pretraining helped. Nothing when from_scratch was not run."""
+def pretraining_gain(r: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
+    """How far each variant that starts from the pretrained model lands from the first variant with random
+    weights (from_scratch: the same finetuning from random weights) on the first split's first metric,
+    beside the seeds' spread, in the table's order: whether pretraining helped. Nothing when no such
+    variant was run."""
     split_name = next(iter(r["splits"]))
     scores, metric = r["splits"][split_name]["scores"], r["metrics"][0]
-    scratch = scores.get("from_scratch") or {}
-    if metric not in scratch:
+    scored = {model: score for model, score in scores.items() if model in variants and metric in score}
+    baseline = next((model for model in scored if variants[model].random_init), None)
+    if baseline is None:
         return []
-    parts = []
-    for variant in ("plain", "ulmfit", "frozen", "elmo"):
-        score = scores.get(variant) or {}
-        if metric in score:
+    scratch, parts = scored[baseline], []
+    for variant, score in scored.items():
+        if not variants[variant].random_init:
             diff = 100 * (score[metric] - scratch[metric])
             spread = 100 * max(score.get(f"{metric}_std", 0.0), scratch.get(f"{metric}_std", 0.0))
             verdict = "within" if abs(diff) <= spread else "beyond"
-            parts.append(f"{ROLES[variant]} {diff:+.1f} ({verdict} the seeds' spread of {spread:.1f})")
+            parts.append(f"{variants[variant].label} {diff:+.1f} ({verdict} the seeds' spread of {spread:.1f})")
     if not parts:
         return []
-    return [f"Pretraining against from scratch ({split_name} {metric}, difference of the means; the spread is the "
-            "larger std over seeds): " + "; ".join(parts) + ".", ""]
+    return [f"Pretraining against {variants[baseline].label} ({split_name} {metric}, difference of the means; the "
+            "spread is the larger std over seeds): " + "; ".join(parts) + ".", ""]
 
 
-def no_answer_table(r: dict[str, Any]) -> list[str]:
+def no_answer_table(r: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
     """SQuAD 2.0's breakdown (HasAns, NoAns, overall EM / F1) and each model's no-answer threshold, per
     split, where a split has unanswerable questions."""
     rows = []
@@ -270,7 +279,7 @@ def no_answer_table(r: dict[str, Any]) -> list[str]:
                      else f"{threshold:.3f}")
             cells = [f"{100 * b[f'{group}exact_match']:.1f} / {100 * b[f'{group}f1']:.1f}" if f"{group}f1" in b else "–"
                      for group in ("has_answer_", "no_answer_", "")]
-            rows.append(f"| {row_label(model, s)} | {split} | " + " | ".join(cells) + f" | {shown} |")
+            rows.append(f"| {row_label(model, s, variants)} | {split} | " + " | ".join(cells) + f" | {shown} |")
     if not rows:
         return []
     return ["| model | split | HasAns EM / F1 | NoAns EM / F1 | overall EM / F1 | no-answer threshold |",
@@ -284,10 +293,12 @@ def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
     return "–" if timing is None else f"{timing['cpu']['p50_ms']:.1f} / {timing['cpu']['p95_ms']:.1f}"
 
 
-def row_label(model: str, split: dict[str, Any]) -> str:
+def row_label(model: str, split: dict[str, Any], variants: Mapping[str, Shown]) -> str:
     """A model's name in the tables; the baselines say how many train examples they learned from
     (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
     base = model.removesuffix("_full_train")
+    if model in variants:
+        return variants[model].label
     if base not in BASELINES:
         return ROLES.get(model, model)
     if model != base or split["train_examples"] == split["full_train_examples"]:
@@ -327,7 +338,7 @@ def _bars(ax, labels: list[str], values: list[float], errors: list[float], title
     ax.grid(axis="x", alpha=0.3)
 
 
-def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
+def scores_figure(results: dict[str, Any], path: Path, variants: Mapping[str, Shown]) -> Path | None:
     """A panel per task with more than one model (each model's score on the task's first split, error
     bars: std over seeds), stacked; the tasks scored by one model alone (a baseline: not finetuned) share
     one last panel, a bar each, rather than a panel of one bar each."""
@@ -336,14 +347,14 @@ def scores_figure(results: dict[str, Any], path: Path) -> Path | None:
         metric, split = r["metric"], next(iter(r["splits"]))
         scores = {m: s for m, s in r["splits"][split]["scores"].items() if metric in s}
         if len(scores) > 1:
-            panels.append(([row_label(m, r["splits"][split]) for m in scores],
+            panels.append(([row_label(m, r["splits"][split], variants) for m in scores],
                            [100 * s[metric] for s in scores.values()],
                            [100 * s.get(f"{metric}_std", 0.0) for s in scores.values()],
                            task_title(task, r), f"{metric} (%) on {split}"))
         elif scores:
             model, score = next(iter(scores.items()))
-            single.append((f"{task_title(task, r)}: {row_label(model, r['splits'][split])}", 100 * score[metric],
-                           f"{metric} on {split}"))
+            single.append((f"{task_title(task, r)}: {row_label(model, r['splits'][split], variants)}",
+                           100 * score[metric], f"{metric} on {split}"))
     if single:
         panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
                        [0.0] * len(single), "tasks with one model only", "score (%)"))
@@ -416,7 +427,7 @@ def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def entity_figure(task: str, r: dict[str, Any], path: Path) -> Path:
+def entity_figure(task: str, r: dict[str, Any], path: Path, variants: Mapping[str, Shown]) -> Path:
     """Tagging: F1 per entity type (first split), a bar per model in each type's group."""
     per_type = r["per_type"]
     kinds = sorted({kind for scores in per_type.values() for kind in scores})
@@ -427,7 +438,7 @@ def entity_figure(task: str, r: dict[str, Any], path: Path) -> Path:
     for n, model in enumerate(models):
         values = [100 * per_type[model].get(kind, 0.0) for kind in kinds]
         ax.barh([i + n * height for i in range(len(kinds))], values, height=height, color=f"C{n}",
-                label=row_label(model, split))
+                label=row_label(model, split, variants))
     ax.set_yticks([i + height * (len(models) - 1) / 2 for i in range(len(kinds))], kinds, fontsize=LABEL_SIZE)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)

@@ -1,2 +1,2 @@
-"""Training: optimizer and schedules, the token-budget and epoch loops, checkpoints, and the
-pretrain/adapt, finetune and distill procedures built on them."""
+"""Training: optimizers and schedules by name, the token-budget and epoch loops, checkpoints, the finetune
+variants by name (variants/), and the pretrain/adapt, finetune and distill procedures built on them."""

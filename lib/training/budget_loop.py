@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.windows import Batch, BatchStream
 from lib.training.checkpoint import load_checkpoint, save_run
-from lib.training.optim import Stepper, adamw, slanted_triangular, warmup_decay
+from lib.training.optim import Schedule, Stepper, optimizer_and_schedule
 
 # dense bf16 peak FLOP/s by device name, for MFU; devices not listed get no MFU figure
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
@@ -60,11 +60,10 @@ def planned_tokens(cfg: TrainConfig) -> int:
     return math.ceil(cfg.budget_tokens / step_tokens(cfg)) * step_tokens(cfg)
 
 
-def lr_multiplier(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    """The schedule of cfg: STLR, or warmup then linear/cosine decay to min_lr_ratio at total_steps."""
-    if cfg.schedule == "stlr":
-        return slanted_triangular(total_steps, cfg.cut_frac, cfg.stlr_ratio)
-    return warmup_decay(total_steps, cfg.warmup_steps, cfg.min_lr_ratio, cfg.schedule)
+def schedule_of(cfg: TrainConfig) -> Schedule:
+    """cfg's schedule: STLR, or warmup then linear/cosine decay to min_lr_ratio at the budget."""
+    return Schedule(cfg.schedule, warmup_steps=cfg.warmup_steps, min_ratio=cfg.min_lr_ratio, cut_frac=cfg.cut_frac,
+                    stlr_ratio=cfg.stlr_ratio)
 
 
 @dataclass
@@ -99,8 +98,9 @@ class Trainer:
         self.synced = distributed.wrap(module, context, device, impl.strategy)
         by_name = dict(module.named_parameters())  # sharding replaced the parameters: find them again
         layer_groups = [[by_name[name] for name in group] for group in group_names]
-        self.optimizer = adamw(module, cfg, device, cfg.lr, cfg.lr_decay, layer_groups, cfg.decay_embeddings)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(cfg, self.total_steps))
+        self.optimizer, self.scheduler = optimizer_and_schedule(module, cfg, device, cfg.lr, schedule_of(cfg),
+                                                                self.total_steps, cfg.lr_decay, layer_groups,
+                                                                cfg.decay_embeddings)
         self.stepper = Stepper(module, self.optimizer, self.scheduler, cfg, "training",
                                f" (the last good checkpoint in {checkpoint_dir} is kept)")
         compile_it = impl.compile == "on" or (impl.compile == "auto" and device.type == "cuda")

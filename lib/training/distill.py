@@ -59,7 +59,7 @@ from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
 from lib.training.epoch_loop import EpochLoop
 from lib.training.finetune import run_name
-from lib.training.optim import adamw, warmup_decay
+from lib.training.optim import Schedule, optimizer_and_schedule
 
 
 @dataclass
@@ -103,6 +103,11 @@ def student_plan(cfg: DistillConfig, n_teacher: int) -> tuple[list[int], list[in
         if not 1 <= layer <= n_teacher:
             raise UserError(f"distill.layer_map[{i}]: {layer} is not a teacher layer (1..{n_teacher})")
     return ([] if cfg.init == "random" else spread), layer_map
+
+
+def student_schedule(cfg: DistillConfig) -> Schedule:
+    """The student's LR: linear warmup over warmup_frac of the steps, then linear decay to 0."""
+    return Schedule("linear", warmup_frac=cfg.warmup_frac)
 
 
 def build_student(teacher: Classifier, cfg: DistillConfig, blocks: list[int]) -> Classifier:
@@ -279,10 +284,9 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     teacher_seconds = round(time.perf_counter() - started, 1)
 
     synced = distributed.wrap(distiller.to(device), context, device, impl.strategy, parts=[student])
-    optimizer = adamw(distiller, cfg, device, cfg.lr)
     steps_per_epoch = math.ceil(len(transfer) / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_decay(total, max(1, round(total * cfg.warmup_frac))))
+    optimizer, scheduler = optimizer_and_schedule(distiller, cfg, device, cfg.lr, student_schedule(cfg),
+                                                  steps_per_epoch * cfg.epochs)
     loop = EpochLoop(distiller, student, optimizer, scheduler, cfg, epochs=cfg.epochs, patience=cfg.patience,
                      metric=metrics[0], checkpoint_dir=checkpoint_dir, fingerprint=fingerprint, where=label,
                      context=context)

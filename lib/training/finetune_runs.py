@@ -1,4 +1,4 @@
-"""The finetune stage's runs: each task x variant x seed trained once (lib/training/finetune.py), kept with
+"""The finetune stage's runs: each task x variant x seed trained once (lib/training/variants), kept with
 its result under the stage's checkpoints folder so a stage started again skips it, the task's best model
 by dev score kept beside them, and the runs of a task summarised over seeds.
 
@@ -24,7 +24,8 @@ from lib.models.transformer import Transformer, TransformerConfig
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.training.finetune import RunResult, run_name, run_variant, transfer_scores
+from lib.training.finetune import RunResult, run_name, transfer_scores
+from lib.training.variants import VARIANTS, run_variant
 
 BEST = "best"  # the folder, under a task's, of its best model so far
 
@@ -88,9 +89,9 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
             card = {"transformers": line, "served": TYPES[task.type].served,
                     "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
                     "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
-            # a from_scratch model's weights started random: the adapted model's chain is not its own
+            # a model whose weights started random: the adapted model's chain is not its own
             write_model_card(tmp, "finetune", params, {**meta, **card},
-                             upstream=None if variant == "from_scratch" else tokenizer_dir)
+                             upstream=None if VARIANTS[variant].random_init else tokenizer_dir)
         print(f"{name}: {task_dir / BEST} as {line}", flush=True)
         write_json(best_record, {"fingerprint": run_id, "dev_score": score, "variant": variant, "seed": seed})
     write_json(saved, {"fingerprint": run_id, "result": result.__dict__})

@@ -1,22 +1,30 @@
-"""The optimizer, its LR schedules and its step, shared by every training loop.
+"""Optimizers and LR schedules by name, and the optimizer step, shared by every stage that trains.
 
-- `adamw`: AdamW over layer groups with ULMFiT's discriminative LRs, its betas, eps and weight decay
-  from the stage's params (an `OptimizerConfig`).
-- `slanted_triangular`, `warmup_decay`: the LR schedules, as multipliers of the peak LR.
+- `OPTIMIZERS`: each optimizer by the name a stage's `optimizer` key gives (an `OptimizerConfig`:
+  adamw, AdamW with its betas, eps and weight decay from the stage's params), built over layer groups
+  with ULMFiT's discriminative LRs (`discriminative_groups`).
+- `SCHEDULES`: each LR schedule by name, as a multiplier of the peak LR per step (`Schedule` names one
+  and holds what it reads): stlr (`slanted_triangular`), linear and cosine (`warmup_decay`).
+- `optimizer_and_schedule`: the one call that builds both, for pretrain, adapt, finetune and distill;
+  `check_optimizers` checks params' names against the registries at start.
 - `Stepper`: the optimizer step after backward. A loss that is not finite skips its batch (the
   gradients are dropped, the schedule moves on: a retry would see the same batch); more than
   max_bad_steps such losses in a row stop the run with an error that says what to do.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from lib.config.params import OptimizerConfig
+from lib.config.params import OptimizerConfig, Params, TrainConfig, check_choice
 from lib.core.errors import UserError
+
+Multiplier = Callable[[int], float]  # step -> the LR as a share of the peak LR
 
 
 def discriminative_groups(module: nn.Module, layer_groups: list[list[nn.Parameter]], lr: float, lr_decay: float,
@@ -41,14 +49,66 @@ def discriminative_groups(module: nn.Module, layer_groups: list[list[nn.Paramete
     return groups
 
 
-def adamw(module: nn.Module, cfg: OptimizerConfig, device: torch.device, lr: float, lr_decay: float = 1.0,
-          layer_groups: list[list[nn.Parameter]] | None = None, decay_embeddings: bool = True) -> torch.optim.AdamW:
-    """AdamW over `module` with cfg's betas, eps and weight decay; see discriminative_groups."""
-    groups = discriminative_groups(module, layer_groups or [], lr, lr_decay, cfg.weight_decay, decay_embeddings)
+def adamw(groups: list[dict[str, Any]], lr: float, cfg: OptimizerConfig,
+          device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with cfg's betas and eps (the groups carry the weight decay); fused on CUDA."""
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=device.type == "cuda")
 
 
-def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Callable[[int], float]:
+# name -> (parameter groups, peak LR, the stage's optimizer params, device) -> the optimizer
+OptimizerBuilder = Callable[[list[dict[str, Any]], float, OptimizerConfig, torch.device], torch.optim.Optimizer]
+OPTIMIZERS: dict[str, OptimizerBuilder] = {"adamw": adamw}
+
+
+def build_optimizer(module: nn.Module, cfg: OptimizerConfig, device: torch.device, lr: float, lr_decay: float = 1.0,
+                    layer_groups: list[list[nn.Parameter]] | None = None,
+                    decay_embeddings: bool = True) -> torch.optim.Optimizer:
+    """cfg.optimizer over `module`, its groups as discriminative_groups makes them."""
+    groups = discriminative_groups(module, layer_groups or [], lr, lr_decay, cfg.weight_decay, decay_embeddings)
+    return OPTIMIZERS[cfg.optimizer](groups, lr, cfg, device)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An LR schedule of SCHEDULES and the settings it reads."""
+
+    name: str
+    warmup_steps: int = 0  # linear, cosine: steps from 1/warmup_steps of the peak LR up to it
+    warmup_frac: float | None = None  # linear, cosine: else the warmup as a share of the run's steps (at least 1)
+    min_ratio: float = 0.0  # linear, cosine: the multiplier reached at the last step
+    cut_frac: float = 0.1  # stlr: the share of the steps the LR rises
+    stlr_ratio: float = 32.0  # stlr: how many times smaller than the peak the LR is at both ends
+
+    def warmup(self, total_steps: int) -> int:
+        """The warmup steps of a run of `total_steps`."""
+        return self.warmup_steps if self.warmup_frac is None else max(1, round(total_steps * self.warmup_frac))
+
+    def multiplier(self, total_steps: int) -> Multiplier:
+        """The LR multiplier of each step of a run of `total_steps`."""
+        return SCHEDULES[self.name](self, total_steps)
+
+
+def optimizer_and_schedule(module: nn.Module, cfg: OptimizerConfig, device: torch.device, lr: float,
+                           schedule: Schedule, total_steps: int, lr_decay: float = 1.0,
+                           layer_groups: list[list[nn.Parameter]] | None = None, decay_embeddings: bool = True,
+                           ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """What every stage trains with: the optimizer of build_optimizer and `schedule` over total_steps."""
+    optimizer = build_optimizer(module, cfg, device, lr, lr_decay, layer_groups, decay_embeddings)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.multiplier(total_steps))
+
+
+def check_optimizers(params: Params) -> None:
+    """Each training section's `optimizer` (and a token-budget section's `schedule`) against the registries
+    (a check of lib.config.params.load_params, for the stages that train)."""
+    for section in dataclasses.fields(params):
+        cfg = getattr(params, section.name)
+        if isinstance(cfg, OptimizerConfig):
+            check_choice(cfg.optimizer, OPTIMIZERS, f"{section.name}.optimizer")
+        if isinstance(cfg, TrainConfig):
+            check_choice(cfg.schedule, SCHEDULES, f"{section.name}.schedule")
+
+
+def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Multiplier:
     """ULMFiT's STLR (Howard & Ruder 2018, eq. 3) as a multiplier of the peak LR: from 1/ratio up to 1
     over the first cut_frac of the steps, then linearly back down to 1/ratio at total_steps."""
     cut = max(1, math.floor(total_steps * cut_frac))
@@ -63,7 +123,7 @@ def slanted_triangular(total_steps: int, cut_frac: float, ratio: float) -> Calla
 
 
 def warmup_decay(total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
-                 shape: str = "linear") -> Callable[[int], float]:
+                 shape: str = "linear") -> Multiplier:
     """Linear warmup from 1/warmup_steps to 1, then linear or cosine decay to min_ratio at total_steps."""
     def multiplier(step: int) -> float:
         if step < warmup_steps:
@@ -72,6 +132,14 @@ def warmup_decay(total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
         decayed = 1 - progress if shape == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
         return min_ratio + (1 - min_ratio) * decayed
     return multiplier
+
+
+# name -> (its Schedule, the run's steps) -> the LR multiplier of each step
+SCHEDULES: dict[str, Callable[[Schedule, int], Multiplier]] = {
+    "linear": lambda s, total: warmup_decay(total, s.warmup(total), s.min_ratio, "linear"),
+    "cosine": lambda s, total: warmup_decay(total, s.warmup(total), s.min_ratio, "cosine"),
+    "stlr": lambda s, total: slanted_triangular(total, s.cut_frac, s.stlr_ratio),
+}
 
 
 class Stepper:
