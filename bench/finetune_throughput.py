@@ -82,10 +82,11 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from lib.config.errors import UserError
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, TaskConfig  # noqa: E402
 from lib.core import distributed  # noqa: E402
 from lib.core import runtime  # noqa: E402
-from lib.core.errors import UserError, run_main  # noqa: E402
+from lib.core.errors import run_main  # noqa: E402
 from lib.data.encoding import batch_indices  # noqa: E402
 from lib.models.hf import import_model, import_tokenizer  # noqa: E402
 from lib.tasks.base import TaskData  # noqa: E402

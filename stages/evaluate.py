@@ -26,8 +26,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from lib.config.errors import UserError
 from lib.core import runtime
-from lib.core.errors import UserError, run_main
+from lib.core.errors import run_main
 from lib.core.io import atomic_dir, write_json
 from lib.core.stage import open_stage
 from lib.core.tracking import registered_name

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import Corpora, CorpusConfig, ImplConfig, ModelConfig, Params, TrainConfig
-from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.windows import WindowBatches, fixed_windows

@@ -12,10 +12,10 @@ import torch
 
 import lib.training.distill as distill
 import lib.training.distill_runs as distill_runs
+from lib.config.errors import UserError
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
 from lib.core import tracking
 from lib.core.distributed import Context
-from lib.core.errors import UserError
 from lib.evaluation.scoring import score_split
 from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, tagging

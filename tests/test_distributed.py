@@ -19,9 +19,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig, ModelConfig
 from lib.core import distributed
-from lib.core.errors import UserError, run_main
+from lib.core.errors import run_main
 from lib.data.packed import PackedTokens
 from lib.data.windows import WindowBatches, fixed_windows
 from lib.objectives import build_objective, save_objective

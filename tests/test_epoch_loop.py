@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig
-from lib.core.errors import UserError
 from lib.training.epoch_loop import EpochLoop
 from lib.training.finetune import FullTrainer
 from lib.training.optim import Stepper, build_optimizer

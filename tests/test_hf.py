@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import load_params
-from lib.core.errors import UserError
 from lib.models.folder import load_model, save_model
 from lib.models.hf import export_family, import_model, import_tokenizer, resolve
 from lib.models.transformer import Transformer, TransformerConfig

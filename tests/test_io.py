@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.core.io import (JsonlGzWriter, atomic_dir, atomic_file, check_writable, read_safetensors, write_json,
                          write_safetensors)
 from tests.helpers import read_only_folder

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import MLMConfig, ParamsError, TokenizerConfig
-from lib.core.errors import UserError
 from lib.data.knowledge import Knowledge, knowledge_units, mine, unit_starts
 from lib.data.packed import PackedTokens, PackedWriter, encode_to_packed, packed_path
 from lib.data.tokenizer import train_tokenizer

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import ModelConfig
-from lib.core.errors import UserError
 from lib.models.folder import EXPORT_KEY, load_model, save_model
 from lib.models.transformer import Transformer, TransformerConfig, alibi_slopes, apply_rope, rope_cache
 from tests.helpers import skip_unless_cpu_bf16

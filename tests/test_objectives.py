@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
-from lib.core.errors import UserError
 from lib.data.packed import PackedWriter
 from lib.data.windows import TaggedWindows
 from lib.models.folder import load_model

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.evaluation.report import markdown
 from lib.models.classifier import HeadConfig, load_classifier
 from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, OnnxClassifier, export_onnx, to_onnx

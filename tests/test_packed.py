@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from lib.config.errors import UserError
 from lib.config.params import TokenizerConfig
-from lib.core.errors import UserError
 from lib.data.packed import PackedTokens, PackedWriter, encode_to_packed, model_unk_id, packed_path, word_starts
 from lib.data.tokenizer import train_tokenizer
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lib.config.errors import UserError
 from lib.config.params import CleanConfig, load_params
-from lib.core.errors import UserError
 from lib.data.clean import build_contamination_index
 from lib.data.packed import PackedTokens
 from lib.data.parallel import PairCleaner, PairStats

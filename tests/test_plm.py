@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import ParamsError, PLMConfig
-from lib.core.errors import UserError
 from lib.data.windows import Windows
 from lib.models.transformer import Transformer
 from lib.objectives.plm import PermutationLM, two_stream_masks

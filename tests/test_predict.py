@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import SpecialTokens
 from lib.core import runtime
-from lib.core.errors import UserError
 from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, special_ids
 from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier

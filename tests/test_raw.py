@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from lib.config.errors import UserError
 from lib.config.params import load_params
-from lib.core.errors import UserError
 from lib.data.corpus import eval_texts
 from lib.data.raw import (EVAL_TEXTS_FILE, localize, raw_name, read_all, read_eval_text_spec, up_to_date,
                           write_eval_text_spec)

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig
 from lib.core import runtime
-from lib.core.errors import UserError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # CUDA is only compared against: nothing runs on it
 # Fake probe children: each one counts its runs in the file $PROBE_CALLS, then behaves as a CPU would.

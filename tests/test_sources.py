@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.data.sources import drop_undecodable, list_splits, read_rows, read_texts
 from tests.helpers import SHARED_DATA, write_jsonl_gz
 

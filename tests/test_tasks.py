@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import SpecialTokens, TaskConfig, TokenizerConfig
-from lib.core.errors import UserError
 from lib.data.encoding import batch_indices, encode, pair_lengths
 from lib.data.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from lib.tasks.base import UNLABELED

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.data.encoding import encode as encode_texts
 from lib.metrics.scores import pearson, spearman
 from lib.tasks.regression import TYPE, Scored, collate, encode, read_rows, target_scale

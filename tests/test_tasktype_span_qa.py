@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.metrics.scores import apply_no_answer_threshold, normalize_answer, squad_scores
 from lib.tasks.span_qa import (NO_ANSWER, Answer, Question, collate, decode, encode, golds, loss,
                                    read_rows)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.metrics.scores import entity_scores
 from lib.tasks.tagging import IGNORE, TYPE, Sentence, collate, decode, encode, loss, read_rows, tag_set
 from tests.helpers import SHARED_DATA

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import ParallelCorpusConfig, ParamsError, TLMConfig
-from lib.core.errors import UserError
 from lib.data.packed import PackedTokens, PackedWriter
 from lib.data.pairs import PairBatches
 from lib.data.windows import TaggedWindows, WindowBatches, Windows
 from lib.objectives import BatchPlan, check_objective
-from lib.objectives.tlm import WindowAndPairBatches, WindowsAndPairs
 from lib.objectives.masking import mask_tokens
+from lib.objectives.tlm import WindowAndPairBatches, WindowsAndPairs
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB
 from tests.test_objectives import build, one_thread, tiny_params  # noqa: F401 (the fixture applies here too)
 

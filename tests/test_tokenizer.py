@@ -9,8 +9,8 @@ import pytest
 import sentencepiece as spm
 from tokenizers import Tokenizer
 
+from lib.config.errors import UserError
 from lib.config.params import TokenizerConfig
-from lib.core.errors import UserError
 from lib.data.packed import model_unk_id
 from lib.data.tokenizer import SPM_FILE, TrainingText, load_tokenizer, read_meta, special_ids, train_tokenizer
 

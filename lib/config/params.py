@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import yaml
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 
 HUB_PREFIX = "hf:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".csv", ".csv.gz", ".tsv", ".tsv.gz",

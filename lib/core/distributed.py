@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig
-from lib.core.errors import UserError
 
 T, R = TypeVar("T"), TypeVar("R")
 TORCHRUN_ENV = "LOCAL_RANK"  # set by torchrun in every process it starts

@@ -6,6 +6,8 @@ import re
 import signal
 import sys
 
+from lib.config.errors import UserError
+
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 # Credentials that may reach a message inside a URI (MLflow's errors quote the tracking URI whole)
@@ -16,10 +18,6 @@ SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 # outputs and checkpoints are written to temporary siblings and renamed: none is half-written
 INTERRUPTED = "interrupted; run the stage again (dvc repro) to resume from its last checkpoint"
-
-
-class UserError(Exception):
-    """Bad input or params. Stage scripts print the message alone (no traceback) and exit 2."""
 
 
 def run_main(main) -> None:

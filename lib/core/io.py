@@ -21,7 +21,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-from lib.core.errors import DENIED, UserError, describe, stop_if_interrupted
+from lib.config.errors import UserError
+from lib.core.errors import DENIED, describe, stop_if_interrupted
 
 T = TypeVar("T")
 

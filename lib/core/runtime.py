@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig
-from lib.core.errors import UserError
 
 Precision = Literal["bf16", "fp32"]
 PRECISIONS = ("auto", "bf16", "fp32")

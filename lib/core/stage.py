@@ -20,9 +20,9 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import yaml
 
+from lib.config.errors import UserError
 from lib.config.params import Params, TrainConfig, load_params, read_yaml, recipe_line, stage_params
 from lib.core import distributed, tracking
-from lib.core.errors import UserError
 from lib.core.io import check_writable
 
 

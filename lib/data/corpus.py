@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from lib.config.errors import UserError
 from lib.config.params import CorpusConfig
-from lib.core.errors import UserError
 from lib.core.io import JsonlGzWriter
 from lib.core.progress import Progress
 from lib.data.clean import CleanStats, DocumentCleaner

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.core.io import write_json
 
 UNITS = ("phrase", "entity")  # the kinds of unit, each with a flag file beside the token files (lib/data/packed.py)

@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.core.io import atomic_file, batched, write_json
 from lib.core.progress import Progress
 from lib.data.knowledge import UNITS, Knowledge, unit_starts

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.data.packed import PackedTokens
 from lib.data.windows import Batch, language_map
 

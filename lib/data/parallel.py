@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from lib.config.errors import UserError
 from lib.config.params import CleanConfig, Corpora, ParallelCorpusConfig
-from lib.core.errors import UserError
 from lib.core.io import JsonlGzWriter
 from lib.core.progress import Progress
 from lib.data.clean import REWRITE_RULES, clean_text

@@ -30,8 +30,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from lib.config.errors import UserError
 from lib.config.params import HUB_PREFIX, Params
-from lib.core.errors import UserError, describe
+from lib.core.errors import describe
 from lib.core.io import JsonlGzWriter, atomic_dir, atomic_file, file_sha256, project_root
 from lib.data.sources import data_suffix, list_splits, local_files, parse_hub, read_records
 

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
+from lib.config.errors import UserError
 from lib.config.params import HUB_PREFIX, LOCAL_SUFFIXES
-from lib.core.errors import UserError, describe
+from lib.core.errors import describe
 
 # a data file's format by its suffix (less .gz), which names the `datasets` builder that reads it (TSV: csv)
 FORMATS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}

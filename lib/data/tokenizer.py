@@ -21,8 +21,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from lib.config.errors import UserError
 from lib.config.params import SpecialTokens, TokenizerConfig
-from lib.core.errors import UserError, describe
+from lib.core.errors import describe
 from lib.core.io import atomic_dir, file_sha256, write_json
 
 TOKENIZER_FILE = "tokenizer.json"

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.data.packed import PackedTokens, packed_path
 
 

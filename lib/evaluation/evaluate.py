@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
-from lib.core.errors import UserError
-from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
 from lib.evaluation.efficiency import onnx_latency, profile
 from lib.evaluation.scoring import predict_all, score_split
+from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
 from lib.models.classifier import load_classifier
 from lib.models.transformer import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8

@@ -35,12 +35,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, processors
 from torch import nn
 
-from lib.core.errors import UserError
+from lib.config.errors import UserError
 from lib.core.io import atomic_dir, write_safetensors
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
-from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.families import FAMILIES
 from lib.models.families.base import Family
+from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.hf import export_family, load_exported, read_weights
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from lib.core.errors import UserError, one_line
+from lib.config.errors import UserError
+from lib.core.errors import one_line
 from lib.core.io import atomic_dir, read_safetensors, write_safetensors
 from lib.models import hf
 from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout

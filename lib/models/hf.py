@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from lib.config.errors import UserError
 from lib.config.params import HUB_PREFIX, Params
-from lib.core.errors import UserError, describe
+from lib.core.errors import describe
 from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
 from lib.models.families import FAMILIES

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lib.config.errors import UserError
 from lib.config.params import Params, ParamsError, check_choice
-from lib.core.errors import UserError
 from lib.core.io import read_safetensors, write_safetensors
 from lib.models.folder import load_model, save_model
 from lib.models.transformer import TransformerConfig

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from lib.config.errors import UserError
 from lib.config.params import Params
-from lib.core.errors import UserError
 from lib.data.packed import PackedTokens
 from lib.data.windows import Batch, BatchStream, Windows, WindowBatches, fixed_windows
 from lib.models.hf import ImportedModel

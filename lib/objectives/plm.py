@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lib.config.errors import UserError
 from lib.config.params import Params
-from lib.core.errors import UserError
 from lib.data.windows import Windows
 from lib.models.transformer import Transformer, TransformerConfig, matmul_weights
 from lib.objectives.base import Objective, register

@@ -16,7 +16,8 @@ from pathlib import Path
 from huggingface_hub import HfApi
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from lib.core.errors import UserError, describe, run_main
+from lib.config.errors import UserError
+from lib.core.errors import describe, run_main
 from lib.data.tokenizer import TOKENIZER_FILE
 from lib.models.folder import CONFIG_FILE, MODEL_FILE
 from lib.serving.model_card import CARD_FILE

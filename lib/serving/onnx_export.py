@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lib.core.errors import UserError, describe, os_error_line, run_main
+from lib.config.errors import UserError
+from lib.core.errors import describe, os_error_line, run_main
 from lib.core.io import atomic_file, project_root
 from lib.models.classifier import Classifier, load_classifier
 from lib.serving.predict import TextClassifier

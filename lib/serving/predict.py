@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig
 from lib.core import runtime
-from lib.core.errors import UserError
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
 from lib.evaluation.scoring import predict_all
 from lib.models.classifier import META_FILE, Classifier, load_classifier, saved_type

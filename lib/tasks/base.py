@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, ParamsError, TaskConfig
-from lib.core.errors import UserError
 from lib.data.sources import drop_undecodable, read_rows, split_columns
 
 UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, TaskConfig
-from lib.core.errors import UserError
 from lib.data.encoding import encode, padded
 from lib.metrics.baselines import tfidf_baseline
 from lib.metrics.scores import compute_metrics, confusion_matrix

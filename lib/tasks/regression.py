@@ -26,8 +26,8 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, TaskConfig
-from lib.core.errors import UserError
 from lib.data.encoding import encode as encode_texts
 from lib.data.encoding import padded
 from lib.metrics.baselines import tfidf_similarity

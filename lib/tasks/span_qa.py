@@ -41,8 +41,8 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, TaskConfig
-from lib.core.errors import UserError
 from lib.data.sources import split_columns
 from lib.data.tokenizer import check_plain
 from lib.metrics.baselines import OverlapQA

@@ -38,8 +38,8 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, TaskConfig
-from lib.core.errors import UserError
 from lib.data.tokenizer import check_plain
 from lib.metrics.baselines import lexicon_tags
 from lib.metrics.scores import confusion_matrix, entity_scores

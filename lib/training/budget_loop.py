@@ -20,10 +20,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import ImplConfig, TrainConfig
 from lib.core import distributed, runtime
 from lib.core.distributed import Context
-from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.windows import Batch, BatchStream
 from lib.training.checkpoint import load_checkpoint, save_run

@@ -44,10 +44,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import DistillConfig, ImplConfig
 from lib.core import distributed, runtime
 from lib.core.distributed import Context
-from lib.core.errors import UserError
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count

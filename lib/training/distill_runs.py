@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import Params, TaskConfig
 from lib.core import distributed
 from lib.core.distributed import Context
-from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.data.tokenizer import load_tokenizer, saved_special_ids

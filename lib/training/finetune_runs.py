@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
+from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig, Params, TaskConfig
 from lib.core import distributed
 from lib.core.distributed import Context
-from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.models.classifier import language_row, save_classifier

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from lib.config.errors import UserError
 from lib.config.params import Params, TrainConfig
 from lib.core import distributed, runtime
-from lib.core.errors import UserError
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from lib.config.errors import UserError
 from lib.config.params import OptimizerConfig, Params, TrainConfig, check_choice
-from lib.core.errors import UserError
 
 Multiplier = Callable[[int], float]  # step -> the LR as a share of the peak LR
 
