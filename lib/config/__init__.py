@@ -1,1 +1,1 @@
-"""params.yaml -> typed, validated dataclasses, once, at stage start."""
+"""params.yaml -> typed, validated dataclasses, once, at stage start; the error a user can fix (errors.py)."""
