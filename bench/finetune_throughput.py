@@ -21,7 +21,7 @@ and distill stages never compile (impl.compile applies to pretrain and adapt onl
 torch_compile is off by default.
 
 Finetune. Ours is the finetune stage's `plain` variant (the cpu-minilm recipe's): lib.models.hf.import_model
-reads MiniLM, lib/training/variants/plain.py builds the Classifier (BERT's pooler + a linear layer on [CLS],
+reads MiniLM, lib/training/variants/plain.py builds the TaskModel (BERT's pooler + a linear layer on [CLS],
 as BertForSequenceClassification), FullTrainer builds its AdamW and LambdaLR (warmup + linear decay;
 lib.training.optim) and EpochLoop; the texts are encoded by lib.tasks.classification.encode_rows.
   Timed: one FullTrainer.train_epoch over the timed pool, as the stage runs it: batch_indices (shuffled,

@@ -4,7 +4,7 @@ For every task in distill.tasks (lib/training/distill_runs.py) it loads the teac
 kept (--teachers/<task>), the same train/dev/eval examples finetune used (read as the task's type reads them, lib/tasks),
 and, for a classification task where distill.unlabeled names a split, that many in-domain texts for
 the teacher to label; trains the student and writes:
-- --out/<task>/: the student classifier (lib/models/classifier.py format, with the task's type, label names,
+- --out/<task>/: the student classifier (lib/tasks/model.py format, with the task's type, label names,
   tokenizer and the teacher's type info: regression's target scale, the units its outputs are in);
 - the metrics JSON: per task, teacher and student scores on dev and the evaluation split, the share
   of the teacher's score the student keeps, sizes, transfer-set counts and timings;
@@ -19,9 +19,9 @@ from lib.core.errors import run_main
 from lib.core.io import atomic_dir, file_sha256, write_csv, write_json
 from lib.core.stage import open_stage
 from lib.data.raw import localize
-from lib.models.classifier import load_classifier
 from lib.models.folder import MODEL_FILE
 from lib.tasks import check_tasks, task_metrics
+from lib.tasks.model import load_task_model
 from lib.training.checkpoint import fingerprint
 from lib.training.distill import DistillResult
 from lib.training.distill_runs import STUDENT, distill_once, summarise
@@ -50,7 +50,7 @@ def main() -> None:
         for number, (name, task_cfg) in enumerate(tasks.items(), 1):
             distributed.say(context, f"distill: {run_name(name, 'student', params.seed)} (run {number} of {len(tasks)})")
             teacher_dir = args.teachers / name
-            teacher, info = load_classifier(teacher_dir)
+            teacher, info = load_task_model(teacher_dir)
             run_id = fingerprint(stage.keyed_on, task=name, device=device.type,
                                  teacher=file_sha256(teacher_dir / MODEL_FILE))
             result = distill_once(name, task_cfg, teacher, info, teacher_dir, params, device, args.checkpoints / name,
@@ -67,7 +67,7 @@ def write_outputs(metrics: dict, results: dict[str, DistillResult], args, run) -
     with atomic_dir(args.out) as tmp:
         for name in metrics:
             shutil.copytree(args.checkpoints / name / STUDENT, tmp / name)
-            load_classifier(tmp / name)  # what later stages load must load
+            load_task_model(tmp / name)  # what later stages load must load
     write_json(args.metrics, metrics)
     with atomic_dir(args.plots) as plots:  # whole: a task no longer distilled leaves no curve behind
         for name, result in results.items():

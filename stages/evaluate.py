@@ -36,10 +36,10 @@ from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
 from lib.evaluation.report import describe_provenance, starting_point, write_plots, write_report
-from lib.models.classifier import META_FILE
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
+from lib.tasks.model import META_FILE
 from lib.training.variants import VARIANTS
 
 

@@ -2,7 +2,7 @@
 
 For every task in finetune.tasks it loads the labeled data as its type reads it (lib/tasks/), trains each variant
 (ulmfit, plain, from_scratch, frozen, elmo; lib/training/variants) once per seed, and writes:
-- --out/<task>/: the model with the best dev score of all its runs (lib/models/classifier.py format, with
+- --out/<task>/: the model with the best dev score of all its runs (lib/tasks/model.py format, with
   the task's type, label names, the type's info and the tokenizer), for `distill` and `evaluate`;
 - the metrics JSON: per task and variant, the evaluation split's metrics as mean, std and per seed (elmo also
   its learned layer weights and gamma, per seed); a transfer task (tasks.<name>.transfer_from) trains
@@ -23,9 +23,9 @@ from lib.core.progress import Progress, RunTimes, duration
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.classifier import load_classifier
 from lib.models.folder import MODEL_FILE, load_model
 from lib.tasks import check_tasks, task_metrics, task_type
+from lib.tasks.model import load_task_model
 from lib.training.checkpoint import fingerprint
 from lib.training.finetune import RunResult, run_name
 from lib.training.finetune_runs import (BEST, dev_curves, finetune_once, language_facts, load_transfer, summarise,
@@ -110,7 +110,7 @@ def write_outputs(metrics: dict, curves: dict[str, list[RunResult]], variants: l
     with atomic_dir(args.out) as tmp:
         for name in curves:  # the tasks that trained; a transfer task's models are its source's
             shutil.copytree(args.checkpoints / name / BEST, tmp / name)
-            load_classifier(tmp / name)  # what later stages load must load
+            load_task_model(tmp / name)  # what later stages load must load
     write_json(args.metrics, metrics)
     with atomic_dir(args.plots) as plots:  # whole: a task no longer finetuned leaves no curve behind
         for name, results in curves.items():

@@ -115,10 +115,10 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
     """A 2-layer, 32-wide classifier over TINY_LABELS (`model`: TransformerConfig fields; `head`: a
     HeadConfig, or a function of the backbone's config that makes one; default the ULMFiT block; `language`:
     the task's, for a model with languages), its weights drawn wide enough that texts get different labels,
-    saved by save_classifier."""
+    saved by save_task_model."""
     import torch
 
-    from lib.models.classifier import Classifier, HeadConfig, save_classifier
+    from lib.tasks.model import TaskModel, HeadConfig, save_task_model
     from lib.models.transformer import Transformer, TransformerConfig
     from lib.data.tokenizer import load_tokenizer
 
@@ -127,13 +127,13 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
                                "n_layers": 2, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
                                "max_positions": TINY_MAX_LEN, **model})
     head = head(cfg) if callable(head) else head or HeadConfig(len(TINY_LABELS), hidden=16, dropout=0.0)
-    classifier = Classifier(Transformer(cfg), head)
+    classifier = TaskModel(Transformer(cfg), head)
     for weight in (p for p in classifier.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
     classifier.read_as(language)
     encoding = {"max_len": TINY_MAX_LEN, "truncation": "head_tail", "text_field": "premise" if pairs else "text",
                 "text_pair_field": "hypothesis" if pairs else None}
-    save_classifier(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding,
+    save_task_model(classifier, out_dir, tokenizer_dir, {"label_names": TINY_LABELS, "encoding": encoding,
                                                          "language": language})
     return out_dir
 

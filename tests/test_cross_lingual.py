@@ -9,12 +9,12 @@ import torch
 
 from lib.config.params import ImplConfig, ParamsError, load_params
 from lib.evaluation.report import markdown
-from lib.evaluation.scoring import predict_all
-from lib.models.classifier import Classifier, HeadConfig, language_row
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import check_tasks
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example
+from lib.tasks.model import TaskModel, HeadConfig, language_row
+from lib.tasks.scoring import predict_all
 from lib.training.variants import VARIANTS
 from tests.helpers import write_params
 from tests.test_pipeline import copy_reproduced, head, run
@@ -69,11 +69,11 @@ def test_a_transfer_task_needs_no_train_split(chdir_root, tmp_path, default_para
     assert load(tmp_path, default_params).tasks["stsb_de"].eval_splits[0] == "test"
 
 
-def classifier(**model) -> Classifier:
+def classifier(**model) -> TaskModel:
     torch.manual_seed(0)
     cfg = TransformerConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=32,
                             **model)
-    return Classifier(Transformer(cfg), HeadConfig(2, "concat", hidden=16, dropout=0.0)).eval()
+    return TaskModel(Transformer(cfg), HeadConfig(2, "concat", hidden=16, dropout=0.0)).eval()
 
 
 def toy(language: str | None) -> TaskData:
@@ -81,7 +81,7 @@ def toy(language: str | None) -> TaskData:
     return TaskData("toy", ["no", "yes"], [], [], examples, "test", {}, {}, language=language)
 
 
-def outputs(model: Classifier, language: str | None) -> torch.Tensor:
+def outputs(model: TaskModel, language: str | None) -> torch.Tensor:
     read = lambda logits, part: logits.tolist()  # noqa: E731
     return torch.tensor(predict_all(model, toy(language), toy(language).eval, 4, 0, torch.device("cpu"),
                                     ImplConfig(precision="fp32", compile="off"), read=read))

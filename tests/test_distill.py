@@ -16,12 +16,12 @@ from lib.config.errors import UserError
 from lib.config.params import DistillConfig, FinetuneConfig, ImplConfig, Params, ParamsError, TaskConfig
 from lib.core import tracking
 from lib.core.distributed import Context
-from lib.evaluation.scoring import score_split
-from lib.models.classifier import Classifier, HeadConfig, load_classifier, save_classifier
 from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.base import soft_loss
 from lib.tasks.classification import Example
+from lib.tasks.model import TaskModel, HeadConfig, load_task_model, save_task_model
+from lib.tasks.scoring import score_split
 from lib.tasks.span_qa import masked_soft_loss
 from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs
 from lib.training.variants import run_variant
@@ -70,7 +70,7 @@ def test_student_plan_spreads_or_takes_the_bottom():
 
 
 def test_student_copies_the_chosen_teacher_blocks():
-    teacher = Classifier(backbone(n_layers=4), HeadConfig(2, "concat", hidden=16))
+    teacher = TaskModel(backbone(n_layers=4), HeadConfig(2, "concat", hidden=16))
     student = build_student(teacher, dataclasses.replace(DISTILL, layers=2), [0, 3])
     assert student.backbone.cfg.n_layers == 2
     t, s = teacher.state_dict(), student.state_dict()
@@ -83,7 +83,7 @@ def test_student_copies_the_chosen_teacher_blocks():
 
 
 def test_teacher_outputs_match_the_teacher_and_keep_real_tokens_only():
-    teacher = Classifier(backbone(causal=True, n_layers=3), HeadConfig(2, "concat", hidden=16)).eval()
+    teacher = TaskModel(backbone(causal=True, n_layers=3), HeadConfig(2, "concat", hidden=16)).eval()
     task = toy_task()
     examples = task.train[:20]
     cache = teacher_outputs(teacher, task, examples, [3], [1, 2], 8, PAD, torch.device("cpu"), IMPL)
@@ -355,7 +355,7 @@ def test_teacher_outputs_of_per_token_and_choice_types():
     """Tagging: per example (T_i, n_tags), its length only; multiple choice: (N, n_choices) scores, and
     the states per choice sequence, each cropped to that sequence's length."""
     task = tagging_task(20)
-    teacher = Classifier(backbone(n_layers=2), HeadConfig(3, "tokens", block=False, dropout=0.0)).eval()
+    teacher = TaskModel(backbone(n_layers=2), HeadConfig(3, "tokens", block=False, dropout=0.0)).eval()
     cache = teacher_outputs(teacher, task, task.train, [2], [1], 8, PAD, torch.device("cpu"), IMPL)
     one = task.train[3]
     ids = torch.tensor([one.ids])
@@ -366,7 +366,7 @@ def test_teacher_outputs_of_per_token_and_choice_types():
     assert cache.hidden[3].shape == (1, len(one.ids), 32) and cache.summary.shape == (20, 1, 32)
 
     task = choice_task(10)
-    teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0)).eval()
+    teacher = TaskModel(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0)).eval()
     cache = teacher_outputs(teacher, task, task.train, [2], [1], 4, PAD, torch.device("cpu"), IMPL)
     assert cache.logits.shape == (10, 3) and len(cache.hidden) == 30 and cache.summary.shape == (30, 1, 32)
     q = task.train[4]
@@ -382,7 +382,7 @@ def test_teacher_outputs_of_per_token_and_choice_types():
 
 def test_unlabeled_transfer_text_is_for_classification_only(tmp_path):
     task = regression_task(200)
-    teacher = Classifier(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0))
+    teacher = TaskModel(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0))
     with pytest.raises(UserError, match=r"distill.unlabeled.toy"):
         distill_task(teacher, task, [Example([BOS, 9, EOS], [0, 0, 0], UNLABELED)], ["pearson"], DISTILL, IMPL,
                      torch.device("cpu"), 0, PAD, tmp_path, "fp")
@@ -411,20 +411,20 @@ def test_the_stage_distils_a_regression_task_in_its_teachers_units(tmp_path):
     params = Params(corpora=None, tasks={"sts": task_cfg}, finetune=FinetuneConfig(tasks=["sts"]), impl=IMPL,
                     distill=dataclasses.replace(DISTILL, tasks=["sts"], epochs=2))
     task = TYPES["regression"].load("sts", task_cfg, tokenizer, special, dev_fraction=0.1, dev_max=100)
-    teacher = Classifier(backbone(n_layers=2, vocab_size=tokenizer.get_vocab_size(), max_positions=32),
+    teacher = TaskModel(backbone(n_layers=2, vocab_size=tokenizer.get_vocab_size(), max_positions=32),
                          HeadConfig(1, "token", block=False, dropout=0.0))
     saved_info = {**task.info, "mean": task.info["mean"] + 0.25}  # as if the teacher had learnt another scale
     meta = {"task": "sts", "type": "regression", "info": saved_info, "label_names": [], "variant": "plain", "seed": 0,
             "encoding": {"max_len": 24}}
-    save_classifier(teacher, tmp_path / "teacher", tmp_path / "tokenizer", meta)
-    teacher, info = load_classifier(tmp_path / "teacher")
+    save_task_model(teacher, tmp_path / "teacher", tmp_path / "tokenizer", meta)
+    teacher, info = load_task_model(tmp_path / "teacher")
     result = distill_runs.distill_once("sts", task_cfg, teacher, info, tmp_path / "teacher", params,
                                          torch.device("cpu"), tmp_path / "ckpt", "fp", tracking.StageRun(), Context())
     assert result.transfer == {"labeled": len(task.train), "unlabeled": 0} and result.confusion is None
     assert math.isfinite(result.student["dev"]["pearson"])
     saved = json.loads((tmp_path / "ckpt" / "student" / "classifier.json").read_text())
     assert saved["type"] == "regression" and saved["info"] == pytest.approx(saved_info)
-    student, _ = load_classifier(tmp_path / "ckpt" / "student")
+    student, _ = load_task_model(tmp_path / "ckpt" / "student")
     assert student.backbone.cfg.n_layers == DISTILL.layers
     assert distill_runs.summarise(result, ["pearson"], info)["metric"] == "pearson"
 

@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from lib.evaluation.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
-from lib.models.classifier import Classifier, HeadConfig, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
+from lib.tasks.model import TaskModel, HeadConfig, save_task_model
 from tests.helpers import stub_tokenizer_dir
 
 SEQ_LEN = 24
 
 
-def classifier(tie_embeddings: bool = True) -> Classifier:
+def classifier(tie_embeddings: bool = True) -> TaskModel:
     torch.manual_seed(0)
     backbone = Transformer(TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.1,
                                              max_positions=32, tie_embeddings=tie_embeddings))
-    return Classifier(backbone, HeadConfig(2, hidden=16))
+    return TaskModel(backbone, HeadConfig(2, hidden=16))
 
 
 def test_tied_embeddings_count_once():
@@ -30,7 +30,7 @@ def test_tied_embeddings_count_once():
 def test_size_on_disk_is_the_weight_files(tmp_path):
     model = classifier()
     stub_tokenizer_dir(tmp_path / "tok")
-    save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
+    save_task_model(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
     files = sorted((tmp_path / "clf").glob("*.safetensors"))
     assert [f.name for f in files] == ["head.safetensors", "model.safetensors"]
     size = size_on_disk(tmp_path / "clf")

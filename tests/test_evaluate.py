@@ -162,7 +162,7 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     split and an unlabeled test split, a tiny teacher and student saved with the task's type and info."""
     import torch
 
-    from lib.models.classifier import Classifier, save_classifier
+    from lib.tasks.model import TaskModel, save_task_model
     from lib.training.variants import VARIANTS
     from lib.models.transformer import Transformer, TransformerConfig
 
@@ -183,13 +183,13 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
         torch.manual_seed(layers)
         backbone = Transformer(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
                                                  n_layers=layers, n_heads=2, d_ff=64, dropout=0.0, max_positions=64))
-        model: Classifier = VARIANTS["plain"].setup(backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]),
+        model: TaskModel = VARIANTS["plain"].setup(backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]),
                                                     kind).model
         meta = {"task": "toy", "type": task_type, "info": task.info, "label_names": task.label_names,
                 "variant": "plain", "seed": 1, "encoding": {"max_len": 32, "truncation": "head",
                                                             "text_field": task_cfg.text_field,
                                                             "text_pair_field": task_cfg.text_pair_field}}
-        save_classifier(model, tmp_path / role, tokenizer_dir, meta)
+        save_task_model(model, tmp_path / role, tokenizer_dir, meta)
         models[role] = tmp_path / role
     return task_cfg, params, models
 

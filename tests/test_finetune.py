@@ -1,4 +1,4 @@
-"""Classifier features and heads, ULMFiT's optimisation (groups, LRs, unfreezing), the variants on a
+"""TaskModel features and heads, ULMFiT's optimisation (groups, LRs, unfreezing), the variants on a
 tiny learnable task, and the saved classifier."""
 import dataclasses
 from types import SimpleNamespace
@@ -10,10 +10,10 @@ from sklearn.linear_model import LogisticRegression
 
 from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, FrozenConfig, ImplConfig, PlainConfig,
                                UlmfitConfig)
-from lib.models.classifier import Classifier, HeadConfig, ScalarMix, load_classifier, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
+from lib.tasks.model import TaskModel, HeadConfig, ScalarMix, load_task_model, save_task_model
 from lib.training.finetune import FullTrainer, RunResult
 from lib.training.finetune_runs import numbered, summarise
 from lib.training.variants import VARIANTS, run_variant
@@ -54,7 +54,7 @@ def toy_task(n: int = 240, seed: int = 0) -> TaskData:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_concat_pooling_ignores_padding(causal):
-    model = Classifier(backbone(causal), HeadConfig(2, "concat")).eval()
+    model = TaskModel(backbone(causal), HeadConfig(2, "concat")).eval()
     short, long = example([9, 10, 11], 0), example([12, 13, 14, 15, 16, 17, 18], 1)
     alone = collate([short], PAD)
     padded = collate([short, long], PAD)
@@ -70,7 +70,7 @@ def test_concat_pooling_ignores_padding(causal):
 
 
 def test_layer_groups_put_the_head_on_top_and_leave_the_lm_head_out():
-    model = Classifier(backbone(), HeadConfig(2, "concat"))
+    model = TaskModel(backbone(), HeadConfig(2, "concat"))
     groups = model.layer_groups()
     assert len(groups) == 2 + 2  # embeddings, 2 blocks, final norm + classifier head
     ids = [{id(p) for p in g} for g in groups]
@@ -202,9 +202,9 @@ def test_elmo_reports_its_layer_weights_and_saves_its_mix(tmp_path):
     weights = result.learned["layer_weights"]
     assert len(weights) == 3 and sum(weights) == pytest.approx(1.0) and weights == model.mix.learned()["layer_weights"]
     assert isinstance(result.learned["gamma"], float)
-    line = save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
+    line = save_task_model(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
     assert "scalar mix" in line
-    loaded, _ = load_classifier(tmp_path / "clf")
+    loaded, _ = load_task_model(tmp_path / "clf")
     torch.testing.assert_close(loaded.mix.scalars, model.mix.scalars)
     batch = collate(task.eval, PAD)
     with torch.no_grad():
@@ -287,8 +287,8 @@ def test_saved_classifier_loads_and_predicts_the_same(tmp_path):
     stub_tokenizer_dir(tmp_path / "tok")
     _, model = run_variant("ulmfit", toy_task(), ["accuracy"], backbone(), dataclasses.replace(CFG, epochs=1), IMPL,
                            torch.device("cpu"), 1, PAD, tmp_path / "epochs", "fp")
-    save_classifier(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
-    loaded, info = load_classifier(tmp_path / "clf")
+    save_task_model(model, tmp_path / "clf", tmp_path / "tok", {"label_names": ["no", "yes"]})
+    loaded, info = load_task_model(tmp_path / "clf")
     assert info["label_names"] == ["no", "yes"] and info["head"]["features"] == "concat"
     assert (tmp_path / "clf" / "tokenizer.json").is_file()
     batch = collate(toy_task().eval, PAD)

@@ -1,4 +1,4 @@
-"""Classifier folders in transformers' layout: where the backbone and head have an equivalent,
+"""TaskModel folders in transformers' layout: where the backbone and head have an equivalent,
 AutoModelForSequenceClassification and pipeline("text-classification") give TextClassifier's
 probabilities, single texts and pairs; the rest is saved in lib's layout with the reason; both load
 back into lib."""
@@ -12,8 +12,8 @@ import torch
 
 from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.classifier import HEAD_FILE, HeadConfig, load_classifier, plain_head, save_classifier
 from lib.serving.predict import TextClassifier
+from lib.tasks.model import HEAD_FILE, HeadConfig, load_task_model, plain_head, save_task_model
 from tests.helpers import TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -89,7 +89,7 @@ def test_transformers_gives_text_classifiers_probabilities(folders, name, pairs)
 @pytest.mark.parametrize("name", ["bert_pooler", "roberta", "gpt2"])
 def test_the_backbone_still_loads_as_a_base_and_language_model(folders, name):
     folder = folders[name]
-    lib_model, _ = load_classifier(folder)
+    lib_model, _ = load_task_model(folder)
     tokens = transformers.AutoTokenizer.from_pretrained(folder)(SHORT[:1], return_tensors="pt")
     segments = tokens.get("token_type_ids", torch.zeros_like(tokens["input_ids"]))
     with torch.no_grad():
@@ -104,11 +104,11 @@ def test_the_head_is_in_model_safetensors_and_loads_back_into_lib(folders, tmp_p
     folder = folders["bert_pooler"]
     info = json.loads((folder / "classifier.json").read_text())
     assert info["transformers"] == "transformers: BertForSequenceClassification" and not (folder / HEAD_FILE).exists()
-    model, _ = load_classifier(folder)
+    model, _ = load_task_model(folder)
     assert model.backbone.pooler is None and model.head_cfg.pooler == "tanh"  # the pooler is the head's
-    line = save_classifier(model, tmp_path / "again", folder, {"label_names": TINY_LABELS})
+    line = save_task_model(model, tmp_path / "again", folder, {"label_names": TINY_LABELS})
     assert line == info["transformers"]
-    again, _ = load_classifier(tmp_path / "again")
+    again, _ = load_task_model(tmp_path / "again")
     for (key, value), (key_again, value_again) in zip(model.state_dict().items(), again.state_dict().items()):
         assert key == key_again and torch.equal(value, value_again), key
 
@@ -124,7 +124,7 @@ def test_no_equivalent_saves_lib_layout_with_the_reason(folders, tmp_path, name,
         tmp_path / name, folders["tok"], head=head, **({"position": "alibi"} if name == "alibi" else POST))
     assert reason in json.loads((folder / "classifier.json").read_text())["transformers"]
     assert (folder / HEAD_FILE).is_file()
-    model, _ = load_classifier(folder)
+    model, _ = load_task_model(folder)
     TextClassifier.load(folder, device="cpu").predict_proba(SHORT)
 
 
@@ -186,7 +186,7 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     for weight in (p for p in model.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
     model.read_as(language)
-    line = save_classifier(model, tmp_path / "model", folders["tok"], meta)
+    line = save_task_model(model, tmp_path / "model", folders["tok"], meta)
     assert line.startswith("transformers: ") and task_type != "classification"
     theirs = getattr(transformers, TYPE_EXPORTS[task_type]).from_pretrained(tmp_path / "model").eval()
     assert type(theirs).__name__ == line.removeprefix("transformers: ")
@@ -205,7 +205,7 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     else:
         torch.testing.assert_close(out.logits, ours, atol=1e-4, rtol=1e-4)
 
-    loaded, info = load_classifier(tmp_path / "model")  # the embedding rows past the vocabulary are ours alone
+    loaded, info = load_task_model(tmp_path / "model")  # the embedding rows past the vocabulary are ours alone
     assert info["type"] == task_type
     for (key, value), (key_again, value_again) in zip(model.head.state_dict().items(), loaded.head.state_dict().items()):
         assert key == key_again
@@ -215,11 +215,11 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
 
 
 def test_a_ulmfit_block_of_a_new_type_saves_lib_layout_with_the_reason(folders, tmp_path):
-    from lib.models.classifier import Classifier
+    from lib.tasks.model import TaskModel
     from lib.models.transformer import Transformer, TransformerConfig
     cfg = TransformerConfig(vocab_size=load_tokenizer(folders["tok"]).get_vocab_size(), d_model=32, n_layers=1,
                             n_heads=2, d_ff=64, max_positions=TINY_MAX_LEN, norm="post")
-    model = Classifier(Transformer(cfg), HeadConfig(3, "tokens", block=True, hidden=16))
-    line = save_classifier(model, tmp_path / "m", folders["tok"], {"type": "tagging", "label_names": ["O", "B-X", "I-X"]})
+    model = TaskModel(Transformer(cfg), HeadConfig(3, "tokens", block=True, hidden=16))
+    line = save_task_model(model, tmp_path / "m", folders["tok"], {"type": "tagging", "label_names": ["O", "B-X", "I-X"]})
     assert line == "lib layout only: ULMFiT's classifier block has no transformers equivalent"
-    assert load_classifier(tmp_path / "m")[0].head_cfg.features == "tokens"
+    assert load_task_model(tmp_path / "m")[0].head_cfg.features == "tokens"

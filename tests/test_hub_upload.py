@@ -14,9 +14,9 @@ import pytest
 
 from lib.config.params import load_params
 from lib.core.errors import run_main
-from lib.models.classifier import load_classifier
 from lib.serving.hub_upload import main
 from lib.serving.model_card import CARD_FILE, write_model_card
+from lib.tasks.model import load_task_model
 from tests.helpers import ROOT, save_tiny_classifier, tiny_tokenizer
 
 TOKEN = "hf_stand_in_token"
@@ -88,7 +88,7 @@ def folder(tmp_path_factory) -> Path:
     """A classifier folder as finetune keeps it, its card included."""
     root = tmp_path_factory.mktemp("upload")
     source = save_tiny_classifier(root / "source", tiny_tokenizer(root / "tok"))
-    _, info = load_classifier(source)
+    _, info = load_task_model(source)
     measured = {**info, "task": "imdb", "type": "classification", "variant": "ulmfit", "seed": 1337, "dev": {"accuracy": 0.5}, "eval": None,
                 "eval_split": "test", "served": True, "params": 1, "best_epoch": 1,
                 "examples": {"train": 9, "dev": 1, "eval": 0}}

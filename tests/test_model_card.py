@@ -12,11 +12,11 @@ from lib.config.params import load_params
 from lib.core import tracking
 from lib.core.io import atomic_dir
 from lib.data.tokenizer import saved_special_ids
-from lib.models.classifier import load_classifier, plain_head, save_classifier
 from lib.models.folder import load_model
 from lib.objectives import build_objective
 from lib.serving.model_card import CARD_FILE, write_model_card
 from lib.serving.predict import TextClassifier
+from lib.tasks.model import load_task_model, plain_head, save_task_model
 from lib.training.lm import save_model_folder
 from tests.helpers import (ROOT, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer,
                            write_params)
@@ -50,7 +50,7 @@ def classifier_meta(variant: str, task: str = "imdb") -> dict:
 def keep_finetuned(model, out: Path, tokenizer_dir: Path, params, meta: dict, upstream: Path | None) -> None:
     """What lib.training.finetune_runs does with a task's best model: folder and card in one atomic write."""
     with atomic_dir(out) as tmp:
-        line = save_classifier(model, tmp, tokenizer_dir, meta)
+        line = save_task_model(model, tmp, tokenizer_dir, meta)
         write_model_card(tmp, "finetune", params, {**meta, "transformers": line, "served": True, "params": 1234,
                                                    "best_epoch": 2, "examples": {"train": 90, "dev": 10, "eval": 40}},
                          upstream)
@@ -67,7 +67,7 @@ def test_a_classifier_finetuned_from_scratch_has_a_full_card_and_still_loads(tok
     params = load_params(ROOT / "params.yaml")
     source = save_tiny_classifier(tmp_path / "source", tokenizer, head=lambda cfg: plain_head(cfg, 3, 0.0),
                                   position="rope", segment_vocab=0)  # the default shape: an ESM
-    model, _ = load_classifier(source)
+    model, _ = load_task_model(source)
     folder = tmp_path / "best"
     keep_finetuned(model, folder, tokenizer, params, classifier_meta("from_scratch"), upstream=None)
     written = (folder / CARD_FILE).read_bytes()
@@ -130,7 +130,7 @@ def test_a_chain_from_a_checkpoint_carries_its_base_model_data_and_stages(tokeni
     assert load_model(tmp_path / "adapt").cfg == objective.backbone().cfg
 
     # a ULMFiT head has no transformers equivalent: the folder is lib's, and its card says so
-    model, _ = load_classifier(save_tiny_classifier(tmp_path / "source", tokenizer))
+    model, _ = load_task_model(save_tiny_classifier(tmp_path / "source", tokenizer))
     keep_finetuned(model, tmp_path / "sst2", tokenizer, params, classifier_meta("ulmfit", "sst2"),
                    upstream=tmp_path / "adapt")
     front, head, sections = read_card(tmp_path / "sst2")

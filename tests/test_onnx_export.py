@@ -12,9 +12,9 @@ import torch
 
 from lib.config.errors import UserError
 from lib.evaluation.report import markdown
-from lib.models.classifier import HeadConfig, load_classifier
 from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, OnnxClassifier, export_onnx, to_onnx
 from lib.serving.predict import TextClassifier
+from lib.tasks.model import HeadConfig, load_task_model
 from lib.training.variants import VARIANTS
 from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
@@ -109,7 +109,7 @@ def test_an_export_failure_is_one_line(folders, monkeypatch):
         raise RuntimeError("Dynamic control flow is not supported\nat line 3")
 
     monkeypatch.setattr(torch.export, "export", fails)
-    model, _ = load_classifier(folders["concat"])
+    model, _ = load_task_model(folders["concat"])
     with pytest.raises(UserError) as err:
         to_onnx(model)
     assert str(err.value) == ("cannot export the classifier to ONNX (RuntimeError: Dynamic control flow is not "

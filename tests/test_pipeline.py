@@ -198,8 +198,8 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
         assert 0.0 <= accuracy["mean"] <= 1.0 and len(accuracy["seeds"]) == 1 and accuracy["std"] == 0.0
         header = (repo / f"plots/finetune/{task}.csv").read_text().splitlines()[0]
         assert header == "epoch,ulmfit,plain,from_scratch,frozen"
-    from lib.models.classifier import load_classifier
-    classifier, info = load_classifier(repo / "models/finetune/sst2")
+    from lib.tasks.model import load_task_model
+    classifier, info = load_task_model(repo / "models/finetune/sst2")
     assert info["label_names"] == ["negative", "positive"] and info["task"] == "sst2"
     assert not (repo / "data/checkpoints/finetune").exists()
 
@@ -210,7 +210,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     for task in distill:
         assert distill[task]["student"]["params"] < distill[task]["teacher"]["params"]
         assert distill[task]["teacher_blocks"] == [0] and distill[task]["layer_map"] == [1]
-    student, info = load_classifier(repo / "models/distill/imdb")
+    student, info = load_task_model(repo / "models/distill/imdb")
     assert info["variant"] == "student" and student.backbone.cfg.n_layers == 1
     assert not (repo / "data/checkpoints/distill").exists()
 

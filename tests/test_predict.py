@@ -16,9 +16,9 @@ from lib.config.params import SpecialTokens
 from lib.core import runtime
 from lib.data.encoding import encode
 from lib.data.tokenizer import load_tokenizer, special_ids
-from lib.models.classifier import HEAD_FILE, load_classifier, save_classifier
 from lib.serving.predict import PROBABILITY_PREFIX, TextClassifier, log_pyfunc, predict_frame
 from lib.tasks.classification import Example, collate
+from lib.tasks.model import HEAD_FILE, load_task_model, save_task_model
 from tests.helpers import ROOT, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS
@@ -35,7 +35,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 def forward_labels(model_dir: Path, texts: list[str], pairs: list[str] | None) -> tuple[list[str], np.ndarray]:
     """Labels and probabilities as the finetune stage computes them: encode, one padded batch, argmax."""
-    model, info = load_classifier(model_dir)
+    model, info = load_task_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
     special = special_ids(tokenizer, SpecialTokens())
     ids, segments, truncated = encode(tokenizer, texts, pairs, MAX_LEN, "head_tail", special["bos"], special["eos"])
@@ -114,13 +114,13 @@ def test_the_pyfunc_model_names_the_column_and_row_of_a_string_utf8_cannot_encod
 
 
 def test_a_folder_without_encoding_is_refused(folders, tmp_path):
-    model, _ = load_classifier(folders["single"])
-    save_classifier(model, tmp_path / "old", folders["tok"], {"label_names": LABELS})
+    model, _ = load_task_model(folders["single"])
+    save_task_model(model, tmp_path / "old", folders["tok"], {"label_names": LABELS})
     with pytest.raises(UserError, match="re-run the finetune stage"):
         TextClassifier.load(tmp_path / "old")
 
 
-@pytest.mark.parametrize("load", [load_classifier, TextClassifier.load], ids=["load_classifier", "TextClassifier.load"])
+@pytest.mark.parametrize("load", [load_task_model, TextClassifier.load], ids=["load_task_model", "TextClassifier.load"])
 def test_a_truncated_head_is_one_line_naming_the_file(folders, tmp_path, load):
     broken = tmp_path / "broken"
     shutil.copytree(folders["single"], broken)

@@ -1,1 +1,2 @@
-"""Evaluation: scoring every task type, the zero-shot LM baseline, size and speed, the report."""
+"""Evaluation: every task type evaluated one way (its scores through lib/tasks/scoring.py, ONNX and int8
+too), the zero-shot LM baseline, size and speed, the report."""

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lib.core import runtime
-from lib.models.classifier import Classifier
+from lib.tasks.model import TaskModel
 
 MIN_MEASURED_S = 0.2
 MAX_CALLS = 100_000  # a bound on the calls of one measurement, whatever MIN_MEASURED_S asks for
@@ -43,7 +43,7 @@ def size_on_disk(folder: str | Path) -> int:
     return sum(path.stat().st_size for path in files)
 
 
-def latency(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 1, warmup: int = 5,
+def latency(model: TaskModel, seq_len: int, device: str | torch.device, *, batch_size: int = 1, warmup: int = 5,
             repeats: int = 50, threads: int | None = None, precision: str = "auto") -> dict[str, float]:
     """{"p50_ms", "p95_ms", "mean_ms"}: milliseconds per forward of `batch_size` sequences of `seq_len`
     tokens. `threads` sets torch's CPU threads for the measurement; `precision` is auto, bf16 or fp32.
@@ -54,7 +54,7 @@ def latency(model: Classifier, seq_len: int, device: str | torch.device, *, batc
 
 def onnx_latency(forward: Callable[..., object], vocab_size: int, seq_len: int, *, batch_size: int = 1,
                  warmup: int = 5, repeats: int = 50) -> dict[str, float]:
-    """As `latency`, for an ONNX Runtime forward on CPU: `forward` is called as a Classifier is
+    """As `latency`, for an ONNX Runtime forward on CPU: `forward` is called as a TaskModel is
     (lib.serving.onnx_export.OnnxForward, what OnnxClassifier predicts with; not imported here, so the stages
     that time PyTorch alone do not depend on it), on the same inputs under the same rules, with the
     threads its session was made with."""
@@ -62,14 +62,14 @@ def onnx_latency(forward: Callable[..., object], vocab_size: int, seq_len: int, 
     return _milliseconds(_measured(lambda: forward(*inputs), warmup, repeats))
 
 
-def throughput(model: Classifier, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
+def throughput(model: TaskModel, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
                warmup: int = 2, repeats: int = 10, threads: int | None = None, precision: str = "auto") -> float:
     """Sequences of `seq_len` tokens classified per second, in batches of `batch_size` (as latency)."""
     times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision)
     return batch_size * len(times) / sum(times)
 
 
-def profile(model: Classifier, folder: str | Path, *, seq_len: int, repeats: int, throughput_batch: int,
+def profile(model: TaskModel, folder: str | Path, *, seq_len: int, repeats: int, throughput_batch: int,
             latency_batch: int = 1) -> dict:
     """Size (parameters, bytes of `folder`'s weights) and speed on CPU, and on the GPU when there is one:
     latency of a call of `latency_batch` sequences (1: one request; a multiple-choice question is one
@@ -123,7 +123,7 @@ def _measured(call: Callable[[], object], warmup: int, repeats: int) -> list[flo
     return times
 
 
-def _timed_calls(model: Classifier, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
+def _timed_calls(model: TaskModel, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
                  threads: int | None, precision: str) -> list[float]:
     """Seconds of each timed forward (see _measured)."""
     inputs = _random_inputs(model.backbone.cfg.vocab_size, batch_size, seq_len, device)

@@ -1,7 +1,7 @@
 """What the evaluate stage reports for one task, the same way for every task type.
 
 For each labeled split of a task's eval_splits, on the examples finetune selects (the same dev carve
-and limits), it scores the teacher and the student as finetune scores a model (lib.evaluation.scoring:
+and limits), it scores the teacher and the student as finetune scores a model (lib.tasks.scoring:
 dev first where the type calibrates on it, SQuAD 2.0's no-answer threshold), every finetune variant
 (mean ± std over seeds, first split only, as finetune reports them) and the type's train-only baseline
 (lib.metrics.baselines) fit on the same train examples and, where finetuning used a subset, on all
@@ -28,13 +28,13 @@ from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
 from lib.evaluation.efficiency import onnx_latency, profile
-from lib.evaluation.scoring import predict_all, score_split
 from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
-from lib.models.classifier import load_classifier
 from lib.models.transformer import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData
+from lib.tasks.model import load_task_model
+from lib.tasks.scoring import predict_all, score_split
 
 INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX Runtime's dynamic quantization)
 
@@ -51,7 +51,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     metrics = task_metrics(task_cfg)
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")  # scored and timed at deployment precision
-    loaded = {role: load_classifier(folder, device) for role, folder in models.items()}
+    loaded = {role: load_task_model(folder, device) for role, folder in models.items()}
     onnx = onnx_classifiers(models) if kind.served else {}
     result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
                               "confusion": {}, "language": task_cfg.language}
@@ -178,7 +178,7 @@ def score_model(entry: dict, result: dict, role: str, model, task: TaskData, met
                 calibration: dict[str, Any], batch_size: int, pad_id: int, device: torch.device, impl,
                 first: bool) -> None:
     """The model's scores on task.eval into entry["scores"][role], its extras beside them: what
-    lib.evaluation.scoring.score_split does, keeping the predictions for the regression scatter (first split)."""
+    lib.tasks.scoring.score_split does, keeping the predictions for the regression scatter (first split)."""
     kind = TYPES[task.type]
     predicted = predict_all(model, task, task.eval, batch_size, pad_id, device, impl)
     values, extras = kind.score(task, "eval", predicted, metrics, calibration)

@@ -30,7 +30,7 @@ def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | 
     the transformers architecture that computes exactly what this model does, where there is one
     (lib.models.hf, which needs the tokenizer's `special_ids` for pad/bos/eos), else in this module's
     own layout. `task_head`: (tensors, config.json keys) a task model adds to that transformers layout,
-    so the file is written once (lib.models.classifier). `language`: the row of the language embeddings
+    so the file is written once (lib.tasks.model). `language`: the row of the language embeddings
     that the transformers model reads when given no language ids (a task model's language), else the first."""
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd model saves its plain parameter names
     family, _ = export_family(model.cfg)

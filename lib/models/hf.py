@@ -13,7 +13,7 @@ The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors 
 
 The same tables export: lib.models.folder.save_model writes a model as the family that computes exactly what
 it does (export_family), so the folders the pipeline writes load in transformers too; a classifier's
-head joins them where the family's task model has the same head (lib.models.classifier).
+head joins them where the family's task model has the same head (lib.tasks.model).
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     what the stage measured:
     - pretrain, adapt: the metrics the stage writes (metrics/<stage>.json);
     - finetune, distill: the classifier.json entries of the model (task, type, label_names, variant, seed,
-      dev, eval_split, eval, encoding; distill's teacher) plus "transformers" (save_classifier's line),
+      dev, eval_split, eval, encoding; distill's teacher) plus "transformers" (save_task_model's line),
       "served" (whether lib.serving.predict classifies raw text with it), "params" (its parameter
       count), "examples" ({train, dev, eval}: how many), "best_epoch", and distill's "teacher_scores"
       ({dev, eval}) and "transfer" ({labeled, unlabeled}).
@@ -232,7 +232,7 @@ def _model_section(cfg: TransformerConfig, m: dict[str, Any], cls: str | None, l
         lines.append(f"- Input: {fields or 'text'}, at most {encoding['max_len']} tokens{kept}.")
     if loads:
         lines.append(f"- Files: in the layout of `transformers`' {cls}.")
-    else:  # a classifier's save_classifier said why
+    else:  # a classifier's save_task_model said why
         why = m.get("transformers", "lib layout only: no `transformers` architecture computes it")
         lines.append(f"- Files: {why}.")
     if cls and not loads:
@@ -295,7 +295,7 @@ def _how_to_use(m: dict[str, Any], cls: str | None) -> str:
     if cls:
         blocks.append(f'from transformers import AutoTokenizer, {cls}\n'
                       f'tokenizer = AutoTokenizer.from_pretrained("{MODEL}")\nmodel = {cls}.from_pretrained("{MODEL}")')
-    loader = (f'from lib.models.classifier import load_classifier\nmodel, info = load_classifier("{MODEL}")   # info: '
+    loader = (f'from lib.tasks.model import load_task_model\nmodel, info = load_task_model("{MODEL}")   # info: '
               'labels, encoding, scores' if m.get("task") else
               f'from lib.models.folder import load_model\nlm = load_model("{MODEL}")')
     blocks.append(loader)

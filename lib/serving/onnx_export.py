@@ -1,6 +1,6 @@
 """A classifier folder as an ONNX model, run by ONNX Runtime with the same probabilities as lib.serving.predict.
 
-`to_onnx` exports a Classifier (any head, any backbone lib.models.transformer builds) to an ONNX graph from
+`to_onnx` exports a TaskModel (any head, any backbone lib.models.transformer builds) to an ONNX graph from
 (input_ids, segment_ids, attention_mask) to logits, with dynamic batch and sequence axes; the
 sequence axis goes up to the model's max_length, the longest input it takes, or for ALiBi (no
 position table: it extrapolates) up to the classifier's encoding max_len where that is longer.
@@ -21,7 +21,7 @@ folder, which a DVC stage wrote (models/finetune, models/distill) and a file add
 Exporter: torch.onnx.export's dynamo exporter, from a strict torch.export graph. The TorchScript
 exporter (dynamo=False) writes the padding mask's torch.eye as a boolean EyeLike node, which ONNX
 Runtime 1.32 has no kernel for, and is deprecated. Non-strict torch.export reads `len(hidden)` in
-Classifier.token_state as a Python int and silently fixes the batch size of causal models to the
+TaskModel.token_state as a Python int and silently fixes the batch size of causal models to the
 example's; strict export (TorchDynamo) keeps it symbolic.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ from torch import nn
 from lib.config.errors import UserError
 from lib.core.errors import describe, os_error_line, run_main
 from lib.core.io import atomic_file, project_root
-from lib.models.classifier import Classifier, load_classifier
 from lib.serving.predict import TextClassifier
+from lib.tasks.model import TaskModel, load_task_model
 
 EXPORTS, INT8_SUFFIX = "exports", ".int8.onnx"
 INPUT_NAMES, OUTPUT_NAME = ("input_ids", "segment_ids", "attention_mask"), "logits"
@@ -71,7 +71,7 @@ class Logits(nn.Module):
     """The classifier's logits alone: the exported graph's one output (the hidden states it also
     returns are for distillation, and would cost a (B, T, d_model) copy a call)."""
 
-    def __init__(self, model: Classifier):
+    def __init__(self, model: TaskModel):
         super().__init__()
         self.model = model
 
@@ -82,11 +82,11 @@ class Logits(nn.Module):
 def folder_to_onnx(model_dir: Path) -> bytes:
     """The serialized ONNX model of the classifier in `model_dir`, taking inputs as long as its
     encoding makes them (see to_onnx)."""
-    model, info = load_classifier(model_dir)
+    model, info = load_task_model(model_dir)
     return to_onnx(model, info.get("encoding", {}).get("max_len"))
 
 
-def to_onnx(model: Classifier, max_len: int | None = None) -> bytes:
+def to_onnx(model: TaskModel, max_len: int | None = None) -> bytes:
     """The serialized ONNX model of `model`: int64 input_ids and segment_ids and a bool attention_mask
     (B, T) -> float32 logits (B, n_classes); a backbone without segment embeddings ignores
     segment_ids, which the graph still takes. T goes up to the model's max_length, or for ALiBi up to
@@ -118,7 +118,7 @@ def to_onnx(model: Classifier, max_len: int | None = None) -> bytes:
 
 
 @contextlib.contextmanager
-def sequences_up_to(model: Classifier, longest: int) -> Iterator[None]:
+def sequences_up_to(model: TaskModel, longest: int) -> Iterator[None]:
     """The backbone's max_positions raised to `longest` while in the block, a no-op for any model but
     ALiBi. Transformer.forward compares the length with max_length before it asks whether positions
     are ALiBi, and export turns that comparison into a bound on the sequence axis; ALiBi sizes no
@@ -206,21 +206,21 @@ def inference_session(model: bytes | str | Path, threads: int | None = None) -> 
 
 
 class OnnxForward:
-    """An ONNX Runtime session called as a Classifier is: (input_ids, segment_ids, attention_mask)
+    """An ONNX Runtime session called as a TaskModel is: (input_ids, segment_ids, attention_mask)
     tensors -> (logits tensor, None), so TextClassifier runs it in place of the PyTorch model."""
 
     def __init__(self, session: Any, vocab_size: int):
         self.session, self.vocab_size = session, vocab_size
         self.threads = session.get_session_options().intra_op_num_threads
 
-    language = None  # as a Classifier's: the graph reads its inputs as the language it was exported with
+    language = None  # as a TaskModel's: the graph reads its inputs as the language it was exported with
 
     def eval(self) -> OnnxForward:
         """As a module's: a session has no training mode."""
         return self
 
     def read_as(self, language: str | None) -> None:
-        """As a Classifier's, but the graph keeps the language its classifier read when it was traced (the
+        """As a TaskModel's, but the graph keeps the language its classifier read when it was traced (the
         one in classifier.json): ONNX Runtime scores a model on its own task only."""
 
     def __call__(self, input_ids: torch.Tensor, segment_ids: torch.Tensor, attention_mask: torch.Tensor,

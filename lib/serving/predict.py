@@ -3,7 +3,7 @@
 A prediction must see exactly the inputs training saw, so `TextClassifier` reads everything from the
 folder itself: the tokenizer (tokenizer.json), the layout and truncation (classifier.json's
 "encoding"), the special token ids (tokenizer_meta.json); it encodes as the classification type does
-and predicts through lib.evaluation.scoring, the path finetune and evaluate score with. Texts are
+and predicts through lib.tasks.scoring, the path finetune and evaluate score with. Texts are
 batched by length (little padding) and returned in input order.
 
     from lib.serving.predict import TextClassifier
@@ -34,10 +34,10 @@ from lib.config.errors import UserError
 from lib.config.params import ImplConfig
 from lib.core import runtime
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
-from lib.evaluation.scoring import predict_all
-from lib.models.classifier import META_FILE, Classifier, load_classifier, saved_type
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.classification import TYPE, Row, encode_rows
+from lib.tasks.model import META_FILE, TaskModel, load_task_model, saved_type
+from lib.tasks.scoring import predict_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,11 +66,11 @@ class TextClassifier:
     """A saved classifier that takes raw strings: `predict` gives label names, `predict_proba` class
     probabilities (columns in the order of `label_names`)."""
 
-    def __init__(self, model: Classifier, tokenizer: Tokenizer, label_names: list[str], encoding: Encoding,
+    def __init__(self, model: TaskModel, tokenizer: Tokenizer, label_names: list[str], encoding: Encoding,
                  special: dict[str, int], device: torch.device, precision: runtime.Precision = "fp32"):
         self.model, self.tokenizer, self.label_names = model, tokenizer, label_names
         self.encoding, self.special, self.device, self.precision = encoding, special, device, precision
-        # the task as the saved model knows it: what lib.evaluation.scoring reads to batch and run it
+        # the task as the saved model knows it: what lib.tasks.scoring reads to batch and run it
         self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=TYPE.name,
                              language=None if model.language is None else model.backbone.cfg.languages[model.language])
 
@@ -85,7 +85,7 @@ class TextClassifier:
                             "by the finetune stage, e.g. models/finetune/<task>")
         torch_device = runtime.resolve_device(device)
         resolved = runtime.resolve_precision(precision, torch_device, key="precision")
-        model, info = load_classifier(model_dir, torch_device)
+        model, info = load_task_model(model_dir, torch_device)
         if saved_type(info) is not TYPE:
             raise UserError(f"{model_dir}: a {saved_type(info).name} model; TextClassifier classifies texts with a "
                             f"{TYPE.name} model")

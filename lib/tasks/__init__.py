@@ -15,7 +15,11 @@ A type says, for lib/training/finetune.py's one fit loop:
   text_pair_field it needs: `check`, run by `check_tasks` for every stage that reads `tasks`);
 - its soft loss for distillation, its train-only baseline (lib/metrics/baselines.py) and how a
   timed call reads, the shape of its transformers task model and config keys for export
-  (lib/models/classifier.py), what its fields hold for decontamination (`field_kinds`).
+  (lib/tasks/model.py), what its fields hold for decontamination (`field_kinds`).
+
+Beside the types: the task model every type trains (model.py: a backbone and a head, and its saved folder)
+and the one scoring path (scoring.py: a model's predictions and scores on a split of any type), used by
+finetune, distill, evaluate and serving alike.
 
 A new type is one module here with a TaskType subclass and its TYPE, and its entry in TYPES below.
 No other file names a type (tests/test_layout.py fails on a type's name as a string outside lib/tasks/).

@@ -267,7 +267,7 @@ class TaskType:
         return outputs
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
-        """(outputs, hidden states) of `model` (a lib.models.classifier.Classifier) on `batch`."""
+        """(outputs, hidden states) of `model` (a lib.tasks.model.TaskModel) on `batch`."""
         outputs, hidden = model(*self.inputs(batch), output_hidden_states=output_hidden_states)
         return self.shape(outputs, batch), hidden
 

@@ -6,7 +6,7 @@
   row (lib.tasks.base.UNLABELED) and is skipped as "unlabeled"; pass unlabeled=None where -1 is a score.
 - Texts are laid out as lib.data.encoding lays out every pair, by `lib.data.encoding.encode`:
   `[bos] a [eos] b [eos]`, segment 0 then 1, cut longest-first to max_len.
-- The model is the task's sequence model (lib.models.classifier.Classifier) with one output, read as a
+- The model is the task's sequence model (lib.tasks.model.TaskModel) with one output, read as a
   standardised score: prediction = output * std + mean, with the train targets' mean and std kept in
   the task's info and saved with the model (classifier.json). A freshly initialised head then
   predicts about the mean, and its weights need the same small scale as a classifier's to reach ±1

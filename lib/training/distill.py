@@ -51,12 +51,12 @@ from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
-from lib.evaluation.scoring import score_split
-from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.model import TaskModel
+from lib.tasks.scoring import score_split
 from lib.training.epoch_loop import EpochLoop
 from lib.training.finetune import run_name
 from lib.training.optim import Schedule, optimizer_and_schedule
@@ -110,7 +110,7 @@ def student_schedule(cfg: DistillConfig) -> Schedule:
     return Schedule("linear", warmup_frac=cfg.warmup_frac)
 
 
-def build_student(teacher: Classifier, cfg: DistillConfig, blocks: list[int]) -> Classifier:
+def build_student(teacher: TaskModel, cfg: DistillConfig, blocks: list[int]) -> TaskModel:
     """The student's classifier: the teacher's config with cfg.layers layers (and cfg.width), the
     teacher's weights where `blocks` names which of its blocks to copy."""
     t = teacher.backbone.cfg
@@ -118,7 +118,7 @@ def build_student(teacher: Classifier, cfg: DistillConfig, blocks: list[int]) ->
         s = dataclasses.replace(t, n_layers=cfg.layers)
     else:
         s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
-    student = Classifier(Transformer(s), dataclasses.replace(teacher.head_cfg))
+    student = TaskModel(Transformer(s), dataclasses.replace(teacher.head_cfg))
     student.language = teacher.language
     if blocks:
         source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared
@@ -134,7 +134,7 @@ class Distiller(nn.Module):
     """The student and, when it is narrower than the teacher, a projection per student layer to the
     teacher's width; trained together, only the student is kept."""
 
-    def __init__(self, student: Classifier, teacher_width: int, kind: TaskType):
+    def __init__(self, student: TaskModel, teacher_width: int, kind: TaskType):
         super().__init__()
         self.student, self.kind = student, kind
         width, layers = student.backbone.cfg.d_model, student.backbone.cfg.n_layers
@@ -179,7 +179,7 @@ def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_outputs(teacher: Classifier, task: TaskData, examples: list, hidden_layers: list[int],
+def teacher_outputs(teacher: TaskModel, task: TaskData, examples: list, hidden_layers: list[int],
                     summary_layers: list[int], batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
                     context: Context = Context(), label: str = "distill: teacher") -> TeacherOutputs:
     """The teacher's outputs on `examples` (of `task`'s type), its
@@ -240,11 +240,11 @@ def teacher_targets(cache: TeacherOutputs, rows: list[int], length: int) -> torc
     return target
 
 
-def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: list[str],
+def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: list[str],
                  cfg: DistillConfig, impl: ImplConfig, device: torch.device, seed: int, pad_id: int,
                  checkpoint_dir: Path, fingerprint: str,
                  on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
-                 context: Context = Context()) -> tuple[DistillResult, Classifier]:
+                 context: Context = Context()) -> tuple[DistillResult, TaskModel]:
     """Train a student on task.train + `unlabeled` from `teacher`, pick its best epoch on task.dev,
     score teacher and student on task.dev and task.eval. Resumes from checkpoint_dir when it holds a
     checkpoint with this fingerprint. Returns the result and the best student (on the CPU). Under
@@ -273,7 +273,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     started = time.perf_counter()
     teacher = teacher.to(device)
     fsdp = impl.strategy == "fsdp" and context.active
-    if fsdp:  # the backbone, whose forward gathers its shards (the Classifier around it is not wrapped)
+    if fsdp:  # the backbone, whose forward gathers its shards (the TaskModel around it is not wrapped)
         distributed.shard(teacher.backbone, context)
     label = f"distill: {run_name(task.name, 'student', seed)}"
     cache = teacher_outputs(teacher, task, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
@@ -314,7 +314,7 @@ def distill_task(teacher: Classifier, task: TaskData, unlabeled: list, metrics: 
     return result, distributed.to_cpu(student.eval(), context)
 
 
-def evaluate(model: Classifier, task: TaskData, metrics: list[str], batch_size: int, pad_id: int,
+def evaluate(model: TaskModel, task: TaskData, metrics: list[str], batch_size: int, pad_id: int,
              device: torch.device, impl: ImplConfig,
              context: Context = Context()) -> tuple[dict[str, Any], list[list[int]] | None]:
     """({"dev": metrics, "eval": metrics or None}, the evaluation split's confusion matrix or None)."""

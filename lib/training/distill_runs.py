@@ -17,17 +17,17 @@ from lib.core.distributed import Context
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.classifier import Classifier, save_classifier, saved_type
 from lib.serving.model_card import write_model_card
 from lib.tasks import task_metrics, task_type
 from lib.tasks.base import text_hash
+from lib.tasks.model import TaskModel, save_task_model, saved_type
 from lib.training.distill import DistillResult, distill_task
 from lib.training.finetune import run_name
 
 STUDENT, RESULT = "student", "result.json"  # in a task's folder: the student model, the run's result
 
 
-def distill_once(name: str, task_cfg: TaskConfig, teacher: Classifier, info: dict, teacher_dir: Path, params: Params,
+def distill_once(name: str, task_cfg: TaskConfig, teacher: TaskModel, info: dict, teacher_dir: Path, params: Params,
                  device: torch.device, task_dir: Path, run_id: str, run: StageRun, context: Context) -> DistillResult:
     """One task's student: kept in `task_dir` if this configuration (`run_id`) has it, else trained now as a
     child of `run` (under torchrun by every rank; rank 0 alone writes). `info`: the teacher's classifier.json."""
@@ -83,7 +83,7 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: Classifier, info: dic
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
     with atomic_dir(task_dir / STUDENT) as tmp:
-        line = save_classifier(student, tmp, teacher_dir, meta)
+        line = save_task_model(student, tmp, teacher_dir, meta)
         card = {"transformers": line, "served": kind.served, "params": result.student_params,
                 "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
                 "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

@@ -28,11 +28,11 @@ from lib.core import distributed, runtime
 from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
-from lib.evaluation.scoring import score_split
-from lib.models.classifier import Classifier, lm_loss
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData
 from lib.tasks.base import move
+from lib.tasks.model import TaskModel, lm_loss
+from lib.tasks.scoring import score_split
 from lib.training.epoch_loop import EpochLoop
 from lib.training.optim import Schedule, optimizer_and_schedule
 
@@ -59,7 +59,7 @@ class RunResult:
 class Setup:
     """What a variant trained in epochs trains, and how."""
 
-    model: Classifier
+    model: TaskModel
     lr: float  # the top layer group's peak LR
     lr_decay: float  # discriminative LRs: each layer group's LR is the one above it / lr_decay
     schedule: Schedule  # over the whole run's steps
@@ -77,7 +77,7 @@ def run_name(task: str, variant: str, seed: int) -> str:
 def run_trained(variant: str, plan: Setup, task: TaskData, metrics: list[str], cfg: FinetuneConfig, impl: ImplConfig,
                 device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
                 on_epoch: Callable[[dict[str, float]], None], context: Context,
-                label: str) -> tuple[RunResult, Classifier]:
+                label: str) -> tuple[RunResult, TaskModel]:
     """Train `plan`'s model on task.train in epochs (FullTrainer), pick the best epoch on task.dev, score it
     on task.eval; see lib.training.variants.run_variant."""
     plan.model.read_as(task.language)
@@ -96,7 +96,7 @@ def run_trained(variant: str, plan: Setup, task: TaskData, metrics: list[str], c
     return result, model
 
 
-def transfer_scores(model: Classifier, task: TaskData, transfers: dict[str, TaskData], metrics: list[str],
+def transfer_scores(model: TaskModel, task: TaskData, transfers: dict[str, TaskData], metrics: list[str],
                     cfg: FinetuneConfig, impl: ImplConfig, device: torch.device,
                     pad_id: int) -> dict[str, dict[str, float]]:
     """Zero-shot transfer: the scores of `model`, trained on `task`, on the evaluation split of each task
@@ -131,7 +131,7 @@ class FullTrainer:
     EpochLoop over checkpoint_dir; progress lines (`label`) count the batches of every epoch, so
     their ETA is that of the whole run if patience does not end it sooner."""
 
-    def __init__(self, model: Classifier, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
+    def __init__(self, model: TaskModel, plan: Setup, task: TaskData, cfg: FinetuneConfig, impl: ImplConfig,
                  device: torch.device, pad_id: int, seed: int, checkpoint_dir: Path, fingerprint: str, metric: str,
                  context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.cfg, self.impl, self.device, self.pad_id, self.seed = (

@@ -19,11 +19,11 @@ from lib.core import distributed
 from lib.core.distributed import Context
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
-from lib.models.classifier import language_row, save_classifier
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
+from lib.tasks.model import language_row, save_task_model
 from lib.training.finetune import RunResult, run_name, transfer_scores
 from lib.training.variants import VARIANTS, run_variant
 
@@ -85,7 +85,7 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}
         with atomic_dir(task_dir / BEST) as tmp:
-            line = save_classifier(model, tmp, tokenizer_dir, meta)
+            line = save_task_model(model, tmp, tokenizer_dir, meta)
             card = {"transformers": line, "served": TYPES[task.type].served,
                     "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
                     "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

@@ -47,7 +47,7 @@ def activation(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class TaskModel:
+class TaskClass:
     """A transformers task model of a family: its class, and where our plain head's layers sit in it."""
     cls: str
     dense: str | None  # the head's dense layer (None: it has none)
@@ -72,7 +72,7 @@ class Family:
     detector_head = ""  # the prefix of a replaced-token detection head in its checkpoints ("": none)
     # transformers classes with the LM head: (bidirectional, causal); None: none
     lm_classes: tuple[str | None, str | None] = (None, None)
-    task_models: dict[str, TaskModel] = {}  # by shape (SEQUENCE_CLASSIFICATION, ...)
+    task_models: dict[str, TaskClass] = {}  # by shape (SEQUENCE_CLASSIFICATION, ...)
     causal_task_models = False  # its task models are made for causal attention (read the last token)
     head_activation: str | None = "tanh"  # the sequence-classification head's dense activation; None: no dense
 

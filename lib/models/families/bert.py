@@ -4,7 +4,7 @@ RoBERTa-PreLayerNorm build on it."""
 from __future__ import annotations
 
 from lib.models.families.base import (CLS_PREDICTIONS, EXPORTED_ACTIVATIONS, MULTIPLE_CHOICE, QUESTION_ANSWERING,
-                                      SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskModel, activation,
+                                      SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskClass, activation,
                                       preferring)
 from lib.models.transformer import TransformerConfig
 
@@ -29,10 +29,10 @@ class Bert(Family):
     lm_classes = ("BertForMaskedLM", "BertLMHeadModel")
     # the pooler (dense + tanh on [CLS]) and a linear layer; a linear layer on every state; the same
     # pooler scoring each choice
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
-                   TOKEN_CLASSIFICATION: TaskModel("BertForTokenClassification", None, "classifier"),
-                   QUESTION_ANSWERING: TaskModel("BertForQuestionAnswering", None, "qa_outputs"),
-                   MULTIPLE_CHOICE: TaskModel("BertForMultipleChoice", "bert.pooler.dense", "classifier")}
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("BertForSequenceClassification", "bert.pooler.dense", "classifier"),
+                   TOKEN_CLASSIFICATION: TaskClass("BertForTokenClassification", None, "classifier"),
+                   QUESTION_ANSWERING: TaskClass("BertForQuestionAnswering", None, "qa_outputs"),
+                   MULTIPLE_CHOICE: TaskClass("BertForMultipleChoice", "bert.pooler.dense", "classifier")}
 
     def config(self, hf: dict) -> TransformerConfig:
         if hf.get("position_embedding_type", "absolute") != "absolute":

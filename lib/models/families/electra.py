@@ -4,7 +4,7 @@ replaced-token detection head is kept aside (ImportedModel.discriminator_head). 
 from __future__ import annotations
 
 from lib.models.families.base import (GENERATOR_PREDICTIONS, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
-                                      TOKEN_CLASSIFICATION, TaskModel, preferring)
+                                      TOKEN_CLASSIFICATION, TaskClass, preferring)
 from lib.models.families.bert import Bert, bert_shaped
 from lib.models.transformer import TransformerConfig
 
@@ -16,10 +16,10 @@ class Electra(Bert):
     detector_head = "discriminator_predictions."  # ElectraForPreTraining's: dense, act, dense_prediction
     lm_classes = ("ElectraForMaskedLM", None)
     # its multiple-choice model pools through a SequenceSummary, which our plain head is not
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("ElectraForSequenceClassification", "classifier.dense",
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("ElectraForSequenceClassification", "classifier.dense",
                                                       "classifier.out_proj"),
-                   TOKEN_CLASSIFICATION: TaskModel("ElectraForTokenClassification", None, "classifier"),
-                   QUESTION_ANSWERING: TaskModel("ElectraForQuestionAnswering", None, "qa_outputs")}
+                   TOKEN_CLASSIFICATION: TaskClass("ElectraForTokenClassification", None, "classifier"),
+                   QUESTION_ANSWERING: TaskClass("ElectraForQuestionAnswering", None, "qa_outputs")}
     head_activation = "gelu"
 
     def covers(self, cfg: TransformerConfig) -> bool:

@@ -4,7 +4,7 @@ LayerNorm, no token types, exact GELU, RoBERTa's LM head without a decoder bias 
 transformers' one rotary family: every rotary model of ours is its to export."""
 from __future__ import annotations
 
-from lib.models.families.base import LM_HEAD, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskModel
+from lib.models.families.base import LM_HEAD, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskClass
 from lib.models.families.bert import LAYER
 from lib.models.transformer import ROPE_BASE, TransformerConfig
 
@@ -21,9 +21,9 @@ class Esm(Family):
     # logits, without generate()
     lm_classes = ("EsmForMaskedLM", "EsmForMaskedLM")
     # transformers has no EsmForQuestionAnswering (nor a multiple-choice model)
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("EsmForSequenceClassification", "classifier.dense",
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("EsmForSequenceClassification", "classifier.dense",
                                                       "classifier.out_proj"),
-                   TOKEN_CLASSIFICATION: TaskModel("EsmForTokenClassification", None, "classifier")}
+                   TOKEN_CLASSIFICATION: TaskClass("EsmForTokenClassification", None, "classifier")}
 
     def config(self, hf: dict) -> TransformerConfig:
         if hf.get("position_embedding_type") != "rotary":

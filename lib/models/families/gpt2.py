@@ -4,7 +4,7 @@ last real token)."""
 from __future__ import annotations
 
 from lib.models.families.base import (EXPORTED_ACTIVATIONS, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
-                                      TOKEN_CLASSIFICATION, Family, TaskModel, activation)
+                                      TOKEN_CLASSIFICATION, Family, TaskClass, activation)
 from lib.models.transformer import TransformerConfig
 
 
@@ -17,9 +17,9 @@ class GPT2(Family):
     conv1d, decoder_bias = True, False
     lm_classes = (None, "GPT2LMHeadModel")
     # its multiple-choice model is a double-heads LM, not our plain head
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("GPT2ForSequenceClassification", None, "score"),
-                   TOKEN_CLASSIFICATION: TaskModel("GPT2ForTokenClassification", None, "classifier"),
-                   QUESTION_ANSWERING: TaskModel("GPT2ForQuestionAnswering", None, "qa_outputs")}
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("GPT2ForSequenceClassification", None, "score"),
+                   TOKEN_CLASSIFICATION: TaskClass("GPT2ForTokenClassification", None, "classifier"),
+                   QUESTION_ANSWERING: TaskClass("GPT2ForQuestionAnswering", None, "qa_outputs")}
     causal_task_models = True
     head_activation = None
 

@@ -3,7 +3,7 @@ classification head of its own (dense + tanh + out_proj on the first token)."""
 from __future__ import annotations
 
 from lib.models.families.base import (LM_HEAD, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
-                                      TOKEN_CLASSIFICATION, TaskModel, preferring)
+                                      TOKEN_CLASSIFICATION, TaskClass, preferring)
 from lib.models.families.bert import Bert
 
 
@@ -12,11 +12,11 @@ class Roberta(Bert):
     heads = preferring(LM_HEAD)
     positions_after_padding = True
     lm_classes = ("RobertaForMaskedLM", "RobertaForCausalLM")
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("RobertaForSequenceClassification", "classifier.dense",
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("RobertaForSequenceClassification", "classifier.dense",
                                                       "classifier.out_proj"),
-                   TOKEN_CLASSIFICATION: TaskModel("RobertaForTokenClassification", None, "classifier"),
-                   QUESTION_ANSWERING: TaskModel("RobertaForQuestionAnswering", None, "qa_outputs"),
-                   MULTIPLE_CHOICE: TaskModel("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier")}
+                   TOKEN_CLASSIFICATION: TaskClass("RobertaForTokenClassification", None, "classifier"),
+                   QUESTION_ANSWERING: TaskClass("RobertaForQuestionAnswering", None, "qa_outputs"),
+                   MULTIPLE_CHOICE: TaskClass("RobertaForMultipleChoice", "roberta.pooler.dense", "classifier")}
 
 
 FAMILY = Roberta()

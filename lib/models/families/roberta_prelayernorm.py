@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from lib.models.families.base import (LM_HEAD, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
-                                      TOKEN_CLASSIFICATION, TaskModel)
+                                      TOKEN_CLASSIFICATION, TaskClass)
 from lib.models.families.bert import EMBEDDINGS, LAYER, bert_shaped
 from lib.models.families.roberta import Roberta
 from lib.models.transformer import TransformerConfig
@@ -18,11 +18,11 @@ class RobertaPreLayerNorm(Roberta):
     heads = [LM_HEAD]
     lm_classes = ("RobertaPreLayerNormForMaskedLM", "RobertaPreLayerNormForCausalLM")
     task_models = {
-        SEQUENCE_CLASSIFICATION: TaskModel("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
+        SEQUENCE_CLASSIFICATION: TaskClass("RobertaPreLayerNormForSequenceClassification", "classifier.dense",
                                            "classifier.out_proj"),
-        TOKEN_CLASSIFICATION: TaskModel("RobertaPreLayerNormForTokenClassification", None, "classifier"),
-        QUESTION_ANSWERING: TaskModel("RobertaPreLayerNormForQuestionAnswering", None, "qa_outputs"),
-        MULTIPLE_CHOICE: TaskModel("RobertaPreLayerNormForMultipleChoice", "roberta_prelayernorm.pooler.dense",
+        TOKEN_CLASSIFICATION: TaskClass("RobertaPreLayerNormForTokenClassification", None, "classifier"),
+        QUESTION_ANSWERING: TaskClass("RobertaPreLayerNormForQuestionAnswering", None, "qa_outputs"),
+        MULTIPLE_CHOICE: TaskClass("RobertaPreLayerNormForMultipleChoice", "roberta_prelayernorm.pooler.dense",
                                    "classifier")}
 
     def config(self, hf: dict) -> TransformerConfig:

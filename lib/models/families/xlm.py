@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from lib.models.families.base import (QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family,
-                                      TaskModel)
+                                      TaskClass)
 from lib.models.transformer import TransformerConfig
 
 
@@ -22,9 +22,9 @@ class XLM(Family):
     lm_classes = ("XLMWithLMHeadModel", "XLMWithLMHeadModel")
     # its sequence head is a SequenceSummary: one linear layer on the first token, no dense; its
     # XLMForQuestionAnswering is a beam-search head, ...Simple the linear one
-    task_models = {SEQUENCE_CLASSIFICATION: TaskModel("XLMForSequenceClassification", None, "sequence_summary.summary"),
-                   TOKEN_CLASSIFICATION: TaskModel("XLMForTokenClassification", None, "classifier"),
-                   QUESTION_ANSWERING: TaskModel("XLMForQuestionAnsweringSimple", None, "qa_outputs")}
+    task_models = {SEQUENCE_CLASSIFICATION: TaskClass("XLMForSequenceClassification", None, "sequence_summary.summary"),
+                   TOKEN_CLASSIFICATION: TaskClass("XLMForTokenClassification", None, "classifier"),
+                   QUESTION_ANSWERING: TaskClass("XLMForQuestionAnsweringSimple", None, "qa_outputs")}
     head_activation = None
 
     def config(self, hf: dict) -> TransformerConfig:

@@ -23,9 +23,9 @@ import torch
 
 from lib.config.params import FinetuneConfig, ImplConfig, Params, check_choice
 from lib.core.distributed import Context
-from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks.base import TaskData
+from lib.tasks.model import TaskModel
 from lib.training.finetune import RunResult, run_name
 from lib.training.variants.base import VARIANTS
 
@@ -40,7 +40,7 @@ def check_variants(params: Params) -> None:
 def run_variant(name: str, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig,
                 impl: ImplConfig, device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
                 on_epoch: Callable[[dict[str, float]], None] = lambda row: None,
-                context: Context = Context()) -> tuple[RunResult, Classifier]:
+                context: Context = Context()) -> tuple[RunResult, TaskModel]:
     """Train variant `name` on task.train, pick its best epoch on task.dev, score it on task.eval.
     Returns the result and the classifier with its best weights (on the CPU). A variant trained in epochs
     keeps their checkpoints in checkpoint_dir and, started again with the same fingerprint, resumes after

@@ -9,10 +9,10 @@ import torch
 
 from lib.config.params import FinetuneConfig, ImplConfig
 from lib.core.distributed import Context
-from lib.models.classifier import Classifier, HeadConfig, plain_head
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskData, TaskType
+from lib.tasks.model import TaskModel, HeadConfig, plain_head
 from lib.training.finetune import RunResult, Setup, run_trained
 
 
@@ -28,7 +28,7 @@ class Variant:
     def run(self, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
             device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
             on_epoch: Callable[[dict[str, float]], None], context: Context,
-            label: str) -> tuple[RunResult, Classifier]:
+            label: str) -> tuple[RunResult, TaskModel]:
         """See lib.training.variants.run_variant (which has seeded torch's RNG); `label` names the run in
         progress lines and errors."""
         raise NotImplementedError
@@ -47,7 +47,7 @@ class TrainedVariant(Variant):
     def run(self, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
             device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
             on_epoch: Callable[[dict[str, float]], None], context: Context,
-            label: str) -> tuple[RunResult, Classifier]:
+            label: str) -> tuple[RunResult, TaskModel]:
         kind = TYPES[task.type]
         plan = self.setup(adapted, kind.n_outputs(task), cfg, kind)
         return run_trained(self.name, plan, task, metrics, cfg, impl, device, seed, pad_id, checkpoint_dir,
@@ -73,7 +73,7 @@ def concat_head(kind: TaskType, n_outputs: int, cfg: FinetuneConfig) -> HeadConf
 
 def transformers_head(kind: TaskType, backbone: TransformerConfig, n_outputs: int, cfg: FinetuneConfig) -> HeadConfig:
     """The head transformers' model of the backbone's family has for the type: for a sequence-level type its
-    sequence classifier's (lib.models.classifier.plain_head: BERT's pooler + linear layer on [CLS], GPT-2's
+    sequence classifier's (lib.tasks.model.plain_head: BERT's pooler + linear layer on [CLS], GPT-2's
     bias-free linear layer on the last token), for a per-token type a linear layer on every position (as
     BERT's token-classification and QA heads)."""
     if kind.per_token:

@@ -1,6 +1,6 @@
 """`elmo`: ELMo's feature-based approach (Peters et al. 2018): the backbone frozen as in `frozen` (no
 gradient, eval mode), the features read a learned softmax-weighted mix of every layer's states scaled by
-gamma (eq. 1, lib.models.classifier.ScalarMix) instead of the last layer's, and ULMFiT's concat block on
+gamma (eq. 1, lib.tasks.model.ScalarMix) instead of the last layer's, and ULMFiT's concat block on
 them; the mix and the block train with one LR, linear warmup and decay. The run reports the learned layer
 weights and gamma (RunResult.learned): which layers the task uses, next to `frozen`'s last layer only.
 Any backbone takes it: on a causal one each position's mixed state still reads only its left context, and
@@ -11,10 +11,10 @@ import copy
 import dataclasses
 
 from lib.config.params import FinetuneConfig
-from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
+from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
 from lib.training.variants.base import TrainedVariant, concat_head, register
@@ -28,5 +28,5 @@ class Elmo(TrainedVariant):
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
               kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
         head = dataclasses.replace(concat_head(kind, n_outputs, cfg), mix=cfg.elmo.mix)
-        return Setup(Classifier(copy.deepcopy(adapted), head), cfg.elmo.lr, 1.0,
+        return Setup(TaskModel(copy.deepcopy(adapted), head), cfg.elmo.lr, 1.0,
                      Schedule("linear", warmup_frac=cfg.elmo.warmup_frac), frozen_backbone=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from lib.config.params import FinetuneConfig
-from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
+from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
 from lib.training.variants.base import TrainedVariant, register, transformers_head
@@ -21,5 +21,5 @@ class FromScratch(TrainedVariant):
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
               kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
         backbone = Transformer(adapted.cfg)
-        return Setup(Classifier(backbone, transformers_head(kind, backbone.cfg, n_outputs, cfg)),
+        return Setup(TaskModel(backbone, transformers_head(kind, backbone.cfg, n_outputs, cfg)),
                      cfg.from_scratch.lr, 1.0, Schedule("linear", warmup_frac=cfg.from_scratch.warmup_frac))

@@ -18,10 +18,10 @@ from lib.core import distributed, runtime
 from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
-from lib.models.classifier import Classifier, HeadConfig
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
+from lib.tasks.model import TaskModel, HeadConfig
 from lib.training.finetune import RunResult, final_scores
 from lib.training.variants.base import Variant, register
 
@@ -34,12 +34,12 @@ class Frozen(Variant):
     def run(self, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
             device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,
             on_epoch: Callable[[dict[str, float]], None], context: Context,
-            label: str) -> tuple[RunResult, Classifier]:
+            label: str) -> tuple[RunResult, TaskModel]:
         """One exact fit of the probe, reported as its one epoch; nothing to resume, so no checkpoints."""
         started = time.perf_counter()  # the feature extraction counts too
         kind = TYPES[task.type]
         probe = HeadConfig(kind.n_outputs(task), "tokens" if kind.per_token else "concat", block=False, dropout=0.0)
-        model = Classifier(copy.deepcopy(adapted), probe).to(device)
+        model = TaskModel(copy.deepcopy(adapted), probe).to(device)
         model.read_as(task.language)
         trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
         train_loss = trainer.fit()
@@ -66,7 +66,7 @@ class ProbeTrainer:
     model's 1,536 features (train loss 0.66 -> 1.33). Span QA caches every position's state of every
     window (T x d floats a window): mind its memory on long contexts."""
 
-    def __init__(self, model: Classifier, task: TaskData, metric: str, cfg: FinetuneConfig, impl: ImplConfig,
+    def __init__(self, model: TaskModel, task: TaskData, metric: str, cfg: FinetuneConfig, impl: ImplConfig,
                  device: torch.device, pad_id: int, context: Context = Context(), label: str = "finetune"):
         self.model, self.task, self.metric, self.cfg, self.device, self.context = (
             model, task, metric, cfg, device, context)

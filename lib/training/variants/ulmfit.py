@@ -7,10 +7,10 @@ from __future__ import annotations
 import copy
 
 from lib.config.params import FinetuneConfig
-from lib.models.classifier import Classifier
 from lib.models.transformer import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
+from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
 from lib.training.variants.base import TrainedVariant, concat_head, register
@@ -27,5 +27,5 @@ class Ulmfit(TrainedVariant):
         # the ablation without STLR warms up and decays as plain does
         schedule = (Schedule("stlr", cut_frac=own.cut_frac, stlr_ratio=own.stlr_ratio) if own.stlr
                     else Schedule("linear", warmup_frac=own.warmup_frac))
-        return Setup(Classifier(copy.deepcopy(adapted), concat_head(kind, n_outputs, cfg)), own.lr, own.lr_decay,
+        return Setup(TaskModel(copy.deepcopy(adapted), concat_head(kind, n_outputs, cfg)), own.lr, own.lr_decay,
                      schedule, unfreeze_every=own.unfreeze_every if own.gradual_unfreezing else None)

@@ -1,25 +1,24 @@
 """A task model on the pipeline's transformer (a sequence classifier, or per lib/tasks a
 regressor, a per-token tagger or span finder, a choice scorer), and its saved form.
 
-Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last
-real token (causal models, GPT-1's "extract" position), or ULMFiT's concat pooling
-[that state, max-pool, mean-pool] over the real tokens, padding excluded. Heads: ULMFiT's
-classifier block (norm, dropout, linear, ReLU, norm, dropout, linear), one linear layer, or the head of
-transformers' sequence-classification models (`plain_head`: dense + tanh before it, or one linear
-layer: without bias on a causal model's last token, with it on an XLM's first). LayerNorm stands in for ULMFiT's BatchNorm: it
-does not depend on the batch, so a prediction does not change with what it is batched with.
-Per-token types (tagging, span QA) put the head on every position's state instead. With a scalar mix
-(ELMo's, the elmo variant) the states the features read are a learned mix of every layer's (ScalarMix),
-not the last layer's.
+Features of a sequence: the final state of its [CLS] token (bidirectional models) or of its last real token
+(causal models, GPT-1's "extract" position), or ULMFiT's concat pooling [that state, max-pool, mean-pool] over
+the real tokens, padding excluded. Heads: ULMFiT's classifier block (norm, dropout, linear, ReLU, norm, dropout,
+linear), one linear layer, or the head of transformers' sequence-classification models (`plain_head`: dense +
+tanh before it, or one linear layer: without bias on a causal model's last token, with it on an XLM's first).
+LayerNorm stands in for ULMFiT's BatchNorm: it does not depend on the batch, so a prediction does not change
+with what it is batched with. Per-token types (tagging, span QA) put the head on every position's state instead.
+With a scalar mix (ELMo's, the elmo variant) the states the features read are a learned mix of every layer's
+(ScalarMix), not the last layer's.
 
 Saved as a folder: the backbone as lib.models.transformer writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
-`load_classifier(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the same backbone and head
-(`classifier_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2, ESM or XLM shape) the
-folder is also in transformers' layout for the task's type (the family's task model of the type's `task_model`
-shape: *ForSequenceClassification, also for regression, *ForTokenClassification, *ForQuestionAnswering,
-*ForMultipleChoice), the head's tensors in model.safetensors under its names; otherwise the head is
-head.safetensors and classifier.json's "transformers" says why.
+`load_task_model(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the
+same backbone and head (`task_model_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2,
+ESM or XLM shape) the folder is also in transformers' layout for the task's type (the family's task model of the
+type's `task_model` shape: *ForSequenceClassification, also for regression, *ForTokenClassification,
+*ForQuestionAnswering, *ForMultipleChoice), the head's tensors in model.safetensors under its names; otherwise
+the head is head.safetensors and classifier.json's "transformers" says why.
 """
 from __future__ import annotations
 
@@ -119,7 +118,7 @@ def language_row(cfg: TransformerConfig, language: str | None) -> tuple[int | No
                f"{cfg.languages}: its tokens read the first language's embedding)")
 
 
-class Classifier(nn.Module):
+class TaskModel(nn.Module):
     """`backbone` + the head `head` describes. A tanh pooler starts from the backbone's pretrained one
     (an imported BERT's), which then moves into the head (BertForSequenceClassification's pooler).
     `language`: the row of the backbone's language embeddings every input token reads (language_row;
@@ -217,7 +216,7 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def classifier_family(model: Classifier, special_ids: dict[str, int], kind: TaskType) -> tuple[Family | None, str]:
+def task_model_family(model: TaskModel, special_ids: dict[str, int], kind: TaskType) -> tuple[Family | None, str]:
     """(the transformers family whose model for task type `kind` computes what `model` does, "") or (None,
     why there is none)."""
     cfg, head = model.backbone.cfg, model.head_cfg
@@ -244,7 +243,7 @@ def classifier_family(model: Classifier, special_ids: dict[str, int], kind: Task
     return (None, why) if why else (family, "")
 
 
-def head_tensor_names(model: Classifier, family: Family, kind: TaskType) -> dict[str, str]:
+def head_tensor_names(model: TaskModel, family: Family, kind: TaskType) -> dict[str, str]:
     """Our head's tensor names -> theirs in `family`'s model for task type `kind`."""
     task_model = family.task_models[kind.task_model]
     out = str(len(model.head) - 1)
@@ -256,7 +255,7 @@ def head_tensor_names(model: Classifier, family: Family, kind: TaskType) -> dict
     return names
 
 
-def head_export(model: Classifier, family: Family, meta: dict[str, Any]) -> tuple[dict, dict]:
+def head_export(model: TaskModel, family: Family, meta: dict[str, Any]) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
     `family` folder the model for the task's type (meta["type"]): the class, the labels, the output
     layer as that class reads it (TaskType.export_output)."""
@@ -312,16 +311,16 @@ def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, sp
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
+def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
     """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
     tokenizer files, written whole or not at all. Where transformers has the same backbone and head
-    (classifier_family), the folder is its sequence-classification model: the head's tensors sit
+    (task_model_family), the folder is its sequence-classification model: the head's tensors sit
     in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
     pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
     special = saved_special_ids(tokenizer_dir)
     kind = saved_type(meta)
-    family, why = classifier_family(model, special, kind)
+    family, why = task_model_family(model, special, kind)
     line = f"{EXPORTED}{family.task_models[kind.task_model].cls}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:
@@ -337,8 +336,8 @@ def save_classifier(model: Classifier, out_dir: Path, tokenizer_dir: Path, meta:
     return line
 
 
-def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tuple[Classifier, dict[str, Any]]:
-    """(classifier in eval mode, the contents of classifier.json) from a folder save_classifier wrote."""
+def load_task_model(model_dir: Path, device: str | torch.device = "cpu") -> tuple[TaskModel, dict[str, Any]]:
+    """(classifier in eval mode, the contents of classifier.json) from a folder save_task_model wrote."""
     model_dir = Path(model_dir)
     try:
         info = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
@@ -347,14 +346,14 @@ def load_classifier(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
                         "point at a folder written by the finetune stage") from None
     if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
-        model = Classifier(load_model(model_dir), head)
+        model = TaskModel(load_model(model_dir), head)
         load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
         if model.mix is not None:
             load_weights(model.mix, model_dir / MIX_FILE, model_dir / META_FILE)
     else:  # the head's tensors are in model.safetensors, under transformers' names: read the file once
         theirs = read_weights(model_dir)
         cfg = read_config(model_dir)
-        model = Classifier(load_exported(model_dir, cfg, theirs), head)
+        model = TaskModel(load_exported(model_dir, cfg, theirs), head)
         kind = saved_type(info)
         names = head_tensor_names(model, export_family(cfg)[0], kind)
         missing = [t for t in names.values() if t not in theirs]

@@ -13,16 +13,16 @@ from lib.config.params import ImplConfig
 from lib.core import distributed, runtime
 from lib.core.distributed import Context
 from lib.data.encoding import batch_indices
-from lib.models.classifier import Classifier
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
+from lib.tasks.model import TaskModel
 
 
-def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
+def predict_all(model: TaskModel, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
                 impl: ImplConfig, context: Context = Context(),
                 read: Callable[[torch.Tensor, list], list] | None = None) -> list:
     """The task type's prediction for each of `examples` (in their order), the model in eval mode and
-    reading them as text in the task's language (Classifier.read_as); `read`: what else to keep of a
+    reading them as text in the task's language (TaskModel.read_as); `read`: what else to keep of a
     batch's outputs (on the CPU) for its examples (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
     (a sharded model's forward is a collective), and every rank gets all of them."""
     model.eval()
@@ -47,7 +47,7 @@ def predict_all(model: Classifier, task: TaskData, examples: list, batch_size: i
     return predictions
 
 
-def score_split(model: Classifier, task: TaskData, split: str, metrics: list[str], batch_size: int, pad_id: int,
+def score_split(model: TaskModel, task: TaskData, split: str, metrics: list[str], batch_size: int, pad_id: int,
                 device: torch.device, impl: ImplConfig, context: Context = Context(),
                 calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
     """(metrics, extras) of the model on task.dev ("dev") or task.eval ("eval"), as the task's type scores them."""
