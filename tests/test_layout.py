@@ -42,6 +42,36 @@ def test_lib_is_role_packages_only():
                      "serving"}
 
 
+def package_imports() -> dict[str, dict[str, list[str]]]:
+    """Per role package, the other packages its modules import (function-level imports too), each with the
+    modules that do."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(LIB.rglob("*.py")):
+        source = path.relative_to(ROOT)
+        if len(source.parts) < 3:
+            continue
+        for target in lib_imports(source):
+            if len(target.parts) > 2 and target.parts[1] != source.parts[1]:
+                found.setdefault(source.parts[1], {}).setdefault(target.parts[1], []).append(str(source))
+    return found
+
+
+def test_no_two_packages_import_each_other():
+    """The packages are floors and imports point down: a package never imports one that imports it."""
+    imports = package_imports()
+    both_ways = [f"{a} <-> {b} ({imports[a][b][0]}; {imports[b][a][0]})"
+                 for a in sorted(imports) for b in sorted(imports[a]) if a < b and a in imports.get(b, {})]
+    assert both_ways == []
+
+
+def test_config_and_core_are_the_lowest_floors():
+    """config (params and the error a user can fix) imports no other package of lib, and core imports
+    config alone: everything else builds on them."""
+    imports = package_imports()
+    assert imports.get("config", {}) == {}
+    assert set(imports.get("core", {})) <= {"config"}, imports["core"]
+
+
 def names_outside(names, allowed) -> list[str]:
     """`file:line 'name'` of each string constant in lib/, stages/ and bench/ that is one of `names`, but
     for docstrings and the constants (AST nodes) `allowed(path, tree)` returns."""
