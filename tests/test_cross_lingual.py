@@ -13,7 +13,7 @@ from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import check_tasks
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example
-from lib.tasks.model import TaskModel, HeadConfig, language_row
+from lib.tasks.model import HeadConfig, TaskModel, language_row
 from lib.tasks.scoring import predict_all
 from lib.training.variants import VARIANTS
 from tests.helpers import write_params

@@ -20,7 +20,7 @@ from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, 
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.base import soft_loss
 from lib.tasks.classification import Example
-from lib.tasks.model import TaskModel, HeadConfig, load_task_model, save_task_model
+from lib.tasks.model import HeadConfig, TaskModel, load_task_model, save_task_model
 from lib.tasks.scoring import score_split
 from lib.tasks.span_qa import masked_soft_loss
 from lib.training.distill import build_student, distill_task, hidden_loss, patient_loss, student_plan, teacher_outputs

@@ -7,7 +7,7 @@ import torch
 
 from lib.evaluation.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
 from lib.models.transformer import Transformer, TransformerConfig
-from lib.tasks.model import TaskModel, HeadConfig, save_task_model
+from lib.tasks.model import HeadConfig, TaskModel, save_task_model
 from tests.helpers import stub_tokenizer_dir
 
 SEQ_LEN = 24

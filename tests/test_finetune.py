@@ -13,7 +13,7 @@ from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, Fr
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
-from lib.tasks.model import TaskModel, HeadConfig, ScalarMix, load_task_model, save_task_model
+from lib.tasks.model import HeadConfig, ScalarMix, TaskModel, load_task_model, save_task_model
 from lib.training.finetune import FullTrainer, RunResult
 from lib.training.finetune_runs import numbered, summarise
 from lib.training.variants import VARIANTS, run_variant

@@ -12,7 +12,7 @@ from lib.core.distributed import Context
 from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskData, TaskType
-from lib.tasks.model import TaskModel, HeadConfig, plain_head
+from lib.tasks.model import HeadConfig, TaskModel, plain_head
 from lib.training.finetune import RunResult, Setup, run_trained
 
 

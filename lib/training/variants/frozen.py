@@ -21,7 +21,7 @@ from lib.data.encoding import batch_indices
 from lib.models.transformer import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
-from lib.tasks.model import TaskModel, HeadConfig
+from lib.tasks.model import HeadConfig, TaskModel
 from lib.training.finetune import RunResult, final_scores
 from lib.training.variants.base import Variant, register
 
