@@ -4,11 +4,13 @@ import contextlib
 import errno
 import importlib
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -242,31 +244,57 @@ def started_adapt(repo: Path) -> tuple[subprocess.Popen, float]:
     raise AssertionError(f"dvc repro never ran adapt (exit {proc.wait()})")
 
 
+RUNTIME_LINE = "runtime: "  # a stage's first line, once its imports are done and its params read
+
+
 def adapt_outputs(repo: Path) -> dict[str, bytes]:
     files = [repo / "dvc.lock", repo / "metrics" / "adapt.json", *sorted((repo / "models" / "adapt").rglob("*"))]
     return {str(file.relative_to(repo)): file.read_bytes() for file in files if file.is_file()}
 
 
+def ctrl_c_at(proc: subprocess.Popen, marker: str, seconds: float) -> str:
+    """Send Ctrl-C to `proc`'s process group `seconds` from now or as soon as it prints a line starting with
+    `marker`, whichever comes first; its log once it ended."""
+    lines, seen = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(marker):
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + seconds
+    while not seen.wait(0.01) and reader.is_alive() and time.monotonic() < deadline:
+        pass
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=60)
+    return "".join(lines)
+
+
 def test_ctrl_c_anywhere_in_a_stage_s_start_ends_it_and_writes_nothing(reproduced, tmp_path):
     """Ctrl-C (SIGINT to DVC's process group, as a terminal sends it) at points spread over adapt's start-up
     and first steps, through `dvc repro`: each time the stage ends with the one line and exit 130, and
-    neither its outputs nor dvc.lock change. The points are shares of this machine's own run of the stage,
-    so they fall in the imports, the opening of the tracked run and the training on any machine; a Ctrl-C
-    that an import swallowed once let the stage train on, write its outputs and DVC its lock."""
+    neither its outputs nor dvc.lock change. The start-up points are shares of this machine's own time to
+    the stage's first line, each sent at the latest when that line comes, since a loaded machine runs the
+    same stage at very different speeds; the later ones are sent on the lines that open the tracked run
+    and report the first steps. A Ctrl-C that an import swallowed once let the stage train on, write its
+    outputs and DVC its lock."""
     repo = copy_reproduced(reproduced, tmp_path)
     proc, started = started_adapt(repo)
-    assert proc.wait(timeout=300) == 0, proc.stdout.read()
-    seconds = time.monotonic() - started
+    first_line = next(line for line in proc.stdout if line.startswith(RUNTIME_LINE))
+    start_up = time.monotonic() - started
+    assert proc.wait(timeout=300) == 0, first_line + proc.stdout.read()
     before = adapt_outputs(repo)
-    for share in (0.02, 0.07, 0.12, 0.18, 0.25, 0.32, 0.4, 0.5):  # well before its end, which DVC's own work follows
-        proc, started = started_adapt(repo)
-        time.sleep(max(0.0, started + share * seconds - time.monotonic()))
-        os.killpg(proc.pid, signal.SIGINT)
-        log = proc.communicate(timeout=120)[0]
-        assert proc.returncode != 0, f"at {share:.0%} of the stage: {log}"
-        assert INTERRUPTED in log.splitlines() and "Traceback" not in log, f"at {share:.0%} of the stage: {log}"
-        assert "exited with 130" in log, log
-        assert adapt_outputs(repo) == before, f"at {share:.0%} of the stage, outputs changed: {log}"
+    points = [(RUNTIME_LINE, share * start_up) for share in (0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95)]
+    for marker, seconds in points + [("before adapt:", math.inf), ("adapt: ", math.inf)]:
+        where = f"at {seconds:.2f} s or on {marker!r}"
+        log = ctrl_c_at(started_adapt(repo)[0], marker, seconds)
+        assert INTERRUPTED in log.splitlines() and "Traceback" not in log, f"{where}: {log}"
+        assert "exited with 130" in log, f"{where}: {log}"
+        assert adapt_outputs(repo) == before, f"{where}, outputs changed: {log}"
 
 
 SWALLOWING = {  # where the Ctrl-C lands: code that catches it and goes on, as some libraries' imports do
@@ -312,6 +340,34 @@ def test_a_ctrl_c_that_code_swallows_still_ends_the_stage_and_writes_nothing(whe
     assert proc.returncode == 130, stderr
     assert stderr.splitlines()[-1] == INTERRUPTED
     assert not out.exists()
+
+
+DONE_THEN_SLOW_EXIT = """
+import atexit, sys, time
+from lib.core.errors import end_on_ctrl_c, run_main
+from lib.core.io import write_json
+
+def slow_exit():  # what MLflow's and torch's exit handlers and Python's shutdown take on a loaded machine
+    print("exiting", flush=True)
+    time.sleep(1)
+
+end_on_ctrl_c()
+atexit.register(slow_exit)
+run_main(lambda: write_json(sys.argv[1], {"done": True}))
+"""
+
+
+def test_a_ctrl_c_once_the_stage_s_work_is_done_lets_it_end_as_done(tmp_path):
+    """Its outputs are complete and in place: exit 0 with no traceback lets DVC record them, where a
+    death by SIGINT during the interpreter's shutdown would make DVC run the whole stage again."""
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([sys.executable, "-c", DONE_THEN_SLOW_EXIT, str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
+    assert proc.stdout.readline() == "exiting\n"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert (proc.returncode, stderr) == (0, "")
+    assert json.loads(out.read_text()) == {"done": True}
 
 
 def test_ctrl_c_is_keyboard_interrupt_again_in_main_and_stays_ignored_where_it_was(monkeypatch):

@@ -24,12 +24,18 @@ def run_main(main) -> None:
     """Call a stage's main(); turn a UserError, a full disk or a denied permission into a one-line
     message and exit code 2, and Ctrl-C into one line and exit code 130. Once Ctrl-C was pressed the
     stage ends that way whatever main() did next: a KeyboardInterrupt that some library swallowed (one
-    raised in the middle of its import, say) must not let it train on, write outputs and exit 0."""
+    raised in the middle of its import, say) must not let it train on, write outputs and exit 0. A Ctrl-C
+    once main() has returned finds the stage's work complete and in place: it is ignored, the stage exits 0
+    and DVC records it (Python would otherwise die by SIGINT while it shuts down, with no line, and DVC
+    would run the complete stage again)."""
+    stage_process = signal.getsignal(signal.SIGINT) is _exit_interrupted  # set by end_on_ctrl_c
     try:
-        if signal.getsignal(signal.SIGINT) is _exit_interrupted:  # main() and the libraries see Ctrl-C as usual
+        if stage_process:  # main() and the libraries see Ctrl-C as usual
             signal.signal(signal.SIGINT, _interrupt)
         main()
         stop_if_interrupted()
+        if stage_process:  # an ignored signal stays ignored through the interpreter's shutdown
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     except BaseException as err:
         if _interrupted or isinstance(err, KeyboardInterrupt):
             _end_interrupted()
