@@ -1,4 +1,4 @@
-"""Published checkpoints read into lib.models.transformer exactly (lib/models/hf.py): for each family a tiny random model
+"""Published checkpoints read into lib.models.architectures' models exactly (lib/models/hf.py): for each family a tiny random model
 built with transformers, saved, imported and compared with transformers on real sentences; and the
 real MiniLM checkpoint in ../shared/models."""
 import json
@@ -9,9 +9,10 @@ import torch
 
 from lib.config.errors import UserError
 from lib.config.params import load_params
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.models.folder import load_model, save_model
 from lib.models.hf import export_family, import_model, import_tokenizer, resolve
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.electra import Electra
 
 transformers = pytest.importorskip("transformers")
@@ -214,7 +215,7 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     torch.manual_seed(0)
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
                             **EXPORTABLE[shape])
-    model = Transformer(cfg).eval()
+    model = build_model(cfg).eval()
     with torch.no_grad():  # non-default norms and biases, so a tensor mapped wrong shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -246,7 +247,7 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
                             causal=causal)
     family, reason = export_family(cfg)
     assert family.name == "xlm" and reason == ""
-    model = Transformer(cfg).eval()
+    model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -298,7 +299,7 @@ def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(sha
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
     family, reason = export_family(cfg)
     assert family is None and reason
-    save_model(Transformer(cfg), tmp_path, SPECIAL)
+    save_model(build_model(cfg), tmp_path, SPECIAL)
     assert "model_type" not in json.loads((tmp_path / "config.json").read_text()) and load_model(tmp_path).cfg == cfg
 
 
