@@ -236,6 +236,22 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
 
 
+def test_greedy_decoding_is_transformers_generate(tmp_path):
+    """The decoder's greedy continuation of a GPT-2-shaped model is GPT2LMHeadModel.generate's without sampling."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            **EXPORTABLE["GPT-2"])
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_model(model, tmp_path, {"pad": SPECIAL["pad"]})  # no eos: generate would stop there, greedy runs on
+    prompt = torch.randint(5, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval().generate(
+        prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=6, pad_token_id=SPECIAL["pad"])
+    assert torch.equal(model.greedy(prompt, steps=6), theirs)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
     """XLM's shape (post-LN, learned positions, the decoder alone, FFN 4x) with language embeddings loads

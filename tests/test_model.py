@@ -42,6 +42,16 @@ def test_a_config_names_its_architecture():
         Encoder(tiny(causal=True))
 
 
+def test_the_decoder_decodes_greedily():
+    model = build(causal=True)
+    prompt = tokens(T=4)
+    decoded = model.greedy(prompt, steps=3)
+    assert decoded.shape == (2, 7) and torch.equal(decoded[:, :4], prompt)
+    for t in range(4, 7):  # each token the argmax after all before it
+        assert torch.equal(decoded[:, t], model.lm_logits(model(decoded[:, :t])[:, -1]).argmax(-1))
+    assert torch.equal(model.greedy(prompt[1:], steps=3), decoded[1:])  # a row decodes as it does alone
+
+
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("position", POSITIONS)
 def test_shapes(position, norm):

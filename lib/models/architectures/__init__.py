@@ -5,6 +5,7 @@
     hidden = model(input_ids, ...)                 # and model.lm_logits(hidden)
     model.layer_groups()                           # bottom to top, for discriminative LRs and unfreezing
     model.flops_per_token(seq_len, predicted)      # training FLOPs, for budgets and MFU
+    decoder.greedy(input_ids, steps)               # where the architecture decodes
 
 Today's two are one stack (stack.py) that differ in their attention's mask: the encoder
 (bidirectional) and the decoder (causal). Their configs name them by `causal` alone, so config.json
