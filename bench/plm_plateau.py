@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lib.config.params import CorpusConfig, Corpora, MLMConfig, ModelConfig, Params  # noqa: E402
 from lib.data.windows import TaggedWindows  # noqa: E402
-from lib.models.transformer import LM_HEADS  # noqa: E402
+from lib.models.config import LM_HEADS  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB, two_sided_rows  # noqa: E402
 

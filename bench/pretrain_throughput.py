@@ -20,7 +20,7 @@ What is fair and what is not:
 - Same architecture and parameter count: BERT rows are post-LN with segment embeddings, GPT-2 rows
   pre-LN without. Ours has a few more parameters at the GPT-2 shape (an embedding LayerNorm and BERT's
   dense+LayerNorm prediction head, ~0.5%); both counts are printed. Ours also stores its embedding
-  table padded to a multiple of 64 rows (50304 for GPT-2's 50257), as lib/models/transformer.py always does: the
+  table padded to a multiple of 64 rows (50304 for GPT-2's 50257), as our models always do (lib/models/config.py): the
   logits of the padding are sliced off, so it computes the same function. MFU counts the real vocabulary.
 - MLM: ours masks inside the timed step (new masks every step, as in training) and computes the
   vocabulary logits at the ~15% selected positions only. HF is given inputs masked once beforehand
@@ -56,7 +56,8 @@ from lib.config.params import Corpora, CorpusConfig, MLMConfig, ModelConfig, Par
 from lib.core import runtime  # noqa: E402
 from lib.core.errors import one_line, run_main  # noqa: E402
 from lib.data.windows import TaggedWindows  # noqa: E402
-from lib.models.transformer import Transformer, TransformerConfig  # noqa: E402
+from lib.models.architectures import build_model  # noqa: E402
+from lib.models.config import TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
 from lib.training.budget_loop import PEAK_BF16_FLOPS  # noqa: E402
@@ -176,7 +177,7 @@ def free_memory(device: torch.device) -> None:
 def flops_per_token(shape: Shape) -> float:
     cfg = TransformerConfig.from_params(model_config(shape), shape.vocab, causal=shape.objective == "clm")
     with torch.device("meta"):  # flops_per_token only counts weights: no memory, no init time
-        return Transformer(cfg).flops_per_token(shape.seq_len)
+        return build_model(cfg).flops_per_token(shape.seq_len)
 
 
 def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch.device,

@@ -119,7 +119,8 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
     import torch
 
     from lib.tasks.model import TaskModel, HeadConfig, save_task_model
-    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.models.architectures import build_model
+    from lib.models.config import TransformerConfig
     from lib.data.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
@@ -127,7 +128,7 @@ def save_tiny_classifier(out_dir: Path, tokenizer_dir: Path, pairs: bool = False
                                "n_layers": 2, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
                                "max_positions": TINY_MAX_LEN, **model})
     head = head(cfg) if callable(head) else head or HeadConfig(len(TINY_LABELS), hidden=16, dropout=0.0)
-    classifier = TaskModel(Transformer(cfg), head)
+    classifier = TaskModel(build_model(cfg), head)
     for weight in (p for p in classifier.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
     classifier.read_as(language)

@@ -11,8 +11,9 @@ import torch
 
 from lib.config.params import FinetuneConfig, SpecialTokens, TokenizerConfig
 from lib.data.tokenizer import special_ids, train_tokenizer
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.models.hf import import_tokenizer
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData
 from lib.training.variants import VARIANTS
@@ -82,11 +83,11 @@ def toy_task(task_type: str, examples: list, label_names: list[str] = (), **info
 
 def fit_on_one_batch(vocab_size: int, task: TaskData, batch: dict[str, torch.Tensor], steps: int,
                      max_positions: int = 64) -> torch.Tensor:
-    """A 1-layer, 32-wide lib.models.transformer backbone (seed 0) with the plain head of the task's type
+    """A 1-layer, 32-wide encoder backbone (lib/models/architectures/) (seed 0) with the plain head of the task's type
     (the plain variant's setup, no dropout), trained by Adam for `steps` steps on the type's loss on one
     batch, through the type's forward; the last outputs."""
     torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+    backbone = build_model(TransformerConfig(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                                              dropout=0.0, max_positions=max_positions))
     kind = TYPES[task.type]
     model = VARIANTS["plain"].setup(backbone, kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),

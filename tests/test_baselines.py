@@ -14,7 +14,8 @@ from lib.data.encoding import cut, pair_lengths
 from lib.data.tokenizer import special_ids, train_tokenizer
 from lib.evaluation.zero_shot import label_scores, zero_shot
 from lib.metrics.baselines import tfidf_baseline
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.tasks.classification import Row
 
 FILLER = "the a of to in movie film plot actor scene story music ending first last very quite".split()
@@ -118,7 +119,7 @@ def special(tokenizer):
 
 def causal_lm(tokenizer, causal: bool = True, dropout: float = 0.0) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=2,
+    return build_model(TransformerConfig(vocab_size=tokenizer.get_vocab_size(), d_model=32, n_layers=2, n_heads=2,
                                          d_ff=64, dropout=dropout, max_positions=40, causal=causal)).eval()
 
 

@@ -9,7 +9,8 @@ import torch
 
 from lib.config.params import ImplConfig, ParamsError, load_params
 from lib.evaluation.report import markdown
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.tasks import check_tasks
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example
@@ -73,7 +74,7 @@ def classifier(**model) -> TaskModel:
     torch.manual_seed(0)
     cfg = TransformerConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=32,
                             **model)
-    return TaskModel(Transformer(cfg), HeadConfig(2, "concat", hidden=16, dropout=0.0)).eval()
+    return TaskModel(build_model(cfg), HeadConfig(2, "concat", hidden=16, dropout=0.0)).eval()
 
 
 def toy(language: str | None) -> TaskData:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lib.evaluation.efficiency import MIN_MEASURED_S, latency, onnx_latency, parameter_count, size_on_disk, throughput
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.tasks.model import HeadConfig, TaskModel, save_task_model
 from tests.helpers import stub_tokenizer_dir
 
@@ -15,7 +16,7 @@ SEQ_LEN = 24
 
 def classifier(tie_embeddings: bool = True) -> TaskModel:
     torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.1,
+    backbone = build_model(TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.1,
                                              max_positions=32, tie_embeddings=tie_embeddings))
     return TaskModel(backbone, HeadConfig(2, hidden=16))
 

@@ -164,7 +164,8 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
 
     from lib.tasks.model import TaskModel, save_task_model
     from lib.training.variants import VARIANTS
-    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.models.architectures import build_model
+    from lib.models.config import TransformerConfig
 
     folder = tmp_path / task_type
     for split, rows in (("train", range(40)), ("validation", range(40, 52))):
@@ -181,7 +182,7 @@ def typed_task(task_type: str, tmp_path) -> tuple[TaskConfig, Params, dict]:
     models = {}
     for role, layers in (("teacher", 2), ("student", 1)):
         torch.manual_seed(layers)
-        backbone = Transformer(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
+        backbone = build_model(TransformerConfig(vocab_size=load_tokenizer(tokenizer_dir).get_vocab_size(), d_model=32,
                                                  n_layers=layers, n_heads=2, d_ff=64, dropout=0.0, max_positions=64))
         model: TaskModel = VARIANTS["plain"].setup(backbone, kind.n_outputs(task), FinetuneConfig(tasks=[]),
                                                     kind).model

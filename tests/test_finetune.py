@@ -10,7 +10,8 @@ from sklearn.linear_model import LogisticRegression
 
 from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, FrozenConfig, ImplConfig, PlainConfig,
                                UlmfitConfig)
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.tasks.base import TaskData
 from lib.tasks.classification import Example, collate
 from lib.tasks.model import HeadConfig, ScalarMix, TaskModel, load_task_model, save_task_model
@@ -31,7 +32,7 @@ def backbone(causal: bool = False, **overrides) -> Transformer:
     torch.manual_seed(0)
     cfg = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, d_ff=64, dropout=0.0, max_positions=32,
                causal=causal)
-    return Transformer(TransformerConfig(**{**cfg, **overrides}))
+    return build_model(TransformerConfig(**{**cfg, **overrides}))
 
 
 def example(tokens: list[int], label: int) -> Example:

@@ -1,4 +1,4 @@
-"""Published checkpoints read into lib.models.transformer exactly (lib/models/hf.py): for each family a tiny random model
+"""Published checkpoints read into lib.models.architectures' models exactly (lib/models/hf.py): for each family a tiny random model
 built with transformers, saved, imported and compared with transformers on real sentences; and the
 real MiniLM checkpoint in ../shared/models."""
 import json
@@ -9,9 +9,10 @@ import torch
 
 from lib.config.errors import UserError
 from lib.config.params import load_params
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.models.folder import load_model, save_model
 from lib.models.hf import export_family, import_model, import_tokenizer, resolve
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.electra import Electra
 
 transformers = pytest.importorskip("transformers")
@@ -214,7 +215,7 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     torch.manual_seed(0)
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
                             **EXPORTABLE[shape])
-    model = Transformer(cfg).eval()
+    model = build_model(cfg).eval()
     with torch.no_grad():  # non-default norms and biases, so a tensor mapped wrong shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -235,6 +236,22 @@ def test_saved_models_load_in_transformers(shape, tmp_path):
     assert (logits - model.lm_logits(ours))[mask].abs().max() < TOL
 
 
+def test_greedy_decoding_is_transformers_generate(tmp_path):
+    """The decoder's greedy continuation of a GPT-2-shaped model is GPT2LMHeadModel.generate's without sampling."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64,
+                            **EXPORTABLE["GPT-2"])
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_model(model, tmp_path, {"pad": SPECIAL["pad"]})  # no eos: generate would stop there, greedy runs on
+    prompt = torch.randint(5, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval().generate(
+        prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=6, pad_token_id=SPECIAL["pad"])
+    assert torch.equal(model.greedy(prompt, steps=6), theirs)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
     """XLM's shape (post-LN, learned positions, the decoder alone, FFN 4x) with language embeddings loads
@@ -246,7 +263,7 @@ def test_a_model_with_languages_exports_as_xlm(causal, tmp_path):
                             causal=causal)
     family, reason = export_family(cfg)
     assert family.name == "xlm" and reason == ""
-    model = Transformer(cfg).eval()
+    model = build_model(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -298,7 +315,7 @@ def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(sha
     cfg = TransformerConfig(vocab_size=100, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_positions=64, **shape)
     family, reason = export_family(cfg)
     assert family is None and reason
-    save_model(Transformer(cfg), tmp_path, SPECIAL)
+    save_model(build_model(cfg), tmp_path, SPECIAL)
     assert "model_type" not in json.loads((tmp_path / "config.json").read_text()) and load_model(tmp_path).cfg == cfg
 
 

@@ -167,7 +167,8 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     model for the type gives our outputs (a regression model the score in label units), and the folder
     loads back into lib with the same weights."""
     from lib.training.variants import VARIANTS
-    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.models.architectures import build_model
+    from lib.models.config import TransformerConfig
     from lib.config.params import FinetuneConfig
     from lib.tasks.base import TaskData
     from lib.tasks import TYPES
@@ -181,7 +182,7 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
     meta = {"type": task_type, "label_names": [], "language": language, **TYPE_META[task_type]}
     task = TaskData("toy", meta["label_names"], [], [], None, "", {}, {}, type=task_type, info=meta.get("info", {}))
     kind = TYPES[task_type]
-    model = VARIANTS["plain"].setup(Transformer(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
+    model = VARIANTS["plain"].setup(build_model(cfg), kind.n_outputs(task), FinetuneConfig(tasks=[], head_dropout=0.0),
                                     kind).model.eval()
     for weight in (p for p in model.parameters() if p.dim() > 1):
         torch.nn.init.normal_(weight, std=0.3)
@@ -216,10 +217,11 @@ def test_each_task_type_exports_as_its_transformers_model(folders, tmp_path, tas
 
 def test_a_ulmfit_block_of_a_new_type_saves_lib_layout_with_the_reason(folders, tmp_path):
     from lib.tasks.model import TaskModel
-    from lib.models.transformer import Transformer, TransformerConfig
+    from lib.models.architectures import build_model
+    from lib.models.config import TransformerConfig
     cfg = TransformerConfig(vocab_size=load_tokenizer(folders["tok"]).get_vocab_size(), d_model=32, n_layers=1,
                             n_heads=2, d_ff=64, max_positions=TINY_MAX_LEN, norm="post")
-    model = TaskModel(Transformer(cfg), HeadConfig(3, "tokens", block=True, hidden=16))
+    model = TaskModel(build_model(cfg), HeadConfig(3, "tokens", block=True, hidden=16))
     line = save_task_model(model, tmp_path / "m", folders["tok"], {"type": "tagging", "label_names": ["O", "B-X", "I-X"]})
     assert line == "lib layout only: ULMFiT's classifier block has no transformers equivalent"
     assert load_task_model(tmp_path / "m")[0].head_cfg.features == "tokens"

@@ -143,3 +143,20 @@ def test_no_finetune_variant_is_named_outside_its_file():
         return set()
 
     assert names_outside(VARIANTS, allowed) == []
+
+
+def test_no_architecture_is_named_outside_its_module():
+    """An architecture owns everything about itself (its module in lib/models/architectures/): its name as a
+    string anywhere else in the code means knowledge of it sits outside its file. A config names its
+    architecture through the registry (lib.models.architectures.architecture_of), never by a string."""
+    import sys
+
+    from lib.models.architectures import ARCHITECTURES
+
+    home = {name: Path(sys.modules[cls.__module__].__file__).resolve() for name, cls in ARCHITECTURES.items()}
+
+    def allowed(path: Path, tree: ast.Module) -> set:
+        return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and path.resolve() == home.get(node.value)}
+
+    assert names_outside(home, allowed) == []

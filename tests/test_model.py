@@ -1,4 +1,4 @@
-"""The transformer: shapes, what attention may see, relative positions, ALBERT/ELECTRA sharing,
+"""The transformer: its architectures by name, shapes, what attention may see, relative positions, ALBERT/ELECTRA sharing,
 layer groups, save/load, and that it can learn at all."""
 import json
 
@@ -8,8 +8,12 @@ import torch.nn.functional as F
 
 from lib.config.errors import UserError
 from lib.config.params import ModelConfig
+from lib.models.architectures import ARCHITECTURES, Transformer, build_model
+from lib.models.architectures.decoder import Decoder
+from lib.models.architectures.encoder import Encoder
+from lib.models.blocks import alibi_slopes, apply_rope, rope_cache
+from lib.models.config import TransformerConfig
 from lib.models.folder import EXPORT_KEY, load_model, save_model
-from lib.models.transformer import Transformer, TransformerConfig, alibi_slopes, apply_rope, rope_cache
 from tests.helpers import skip_unless_cpu_bf16
 
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]
@@ -23,11 +27,29 @@ def tiny(**overrides) -> TransformerConfig:
 
 def build(**overrides) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(tiny(**overrides)).eval()
+    return build_model(tiny(**overrides)).eval()
 
 
 def tokens(B=2, T=12, seed=1) -> torch.Tensor:
     return torch.randint(5, VOCAB, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_config_names_its_architecture():
+    """Today's configs name theirs by `causal` alone: config.json holds no name, so old folders still load."""
+    assert type(build()) is Encoder and type(build(causal=True)) is Decoder
+    assert ARCHITECTURES == {"encoder": Encoder, "decoder": Decoder}
+    with pytest.raises(ValueError, match="causal"):
+        Encoder(tiny(causal=True))
+
+
+def test_the_decoder_decodes_greedily():
+    model = build(causal=True)
+    prompt = tokens(T=4)
+    decoded = model.greedy(prompt, steps=3)
+    assert decoded.shape == (2, 7) and torch.equal(decoded[:, :4], prompt)
+    for t in range(4, 7):  # each token the argmax after all before it
+        assert torch.equal(decoded[:, t], model.lm_logits(model(decoded[:, :t])[:, -1]).argmax(-1))
+    assert torch.equal(model.greedy(prompt[1:], steps=3), decoded[1:])  # a row decodes as it does alone
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -234,16 +256,16 @@ def test_layer_groups_cover_every_parameter_once(overrides, n_groups):
 
 def test_electra_generator_shares_embeddings():
     disc_cfg = tiny(d_model=64, n_heads=4, d_ff=256, embedding_size=32)
-    disc = Transformer(disc_cfg)
+    disc = build_model(disc_cfg)
     gen_cfg = disc_cfg.scaled(0.25)
     assert (gen_cfg.d_model, gen_cfg.n_heads, gen_cfg.d_ff, gen_cfg.embedding_dim) == (16, 1, 64, 32)
     before = disc.embeddings.token.weight.detach().clone()
-    gen = Transformer(gen_cfg, embeddings=disc.embeddings)
+    gen = build_model(gen_cfg, embeddings=disc.embeddings)
     assert torch.equal(disc.embeddings.token.weight, before)  # not re-initialised by the generator
     assert gen.embeddings is disc.embeddings and gen.head.decoder.weight is disc.embeddings.token.weight
     assert gen(tokens()).shape == (2, 12, 16)
     with pytest.raises(ValueError, match="shared embeddings"):
-        Transformer(tiny(embedding_size=16), embeddings=disc.embeddings)
+        build_model(tiny(embedding_size=16), embeddings=disc.embeddings)
 
 
 @pytest.mark.parametrize("d_model, n_heads, width, position", [(256, 4, 0.25, "learned"), (768, 12, 1 / 3, "learned"),
@@ -313,7 +335,7 @@ def test_load_errors_name_the_file(tmp_path, exported):
 
 def test_tiny_model_overfits_one_batch():
     torch.manual_seed(0)
-    model = Transformer(tiny(causal=True)).train()
+    model = build_model(tiny(causal=True)).train()
     ids = tokens(B=4, T=16)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(300):

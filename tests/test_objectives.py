@@ -12,8 +12,8 @@ from lib.config.errors import UserError
 from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
 from lib.data.packed import PackedWriter
 from lib.data.windows import TaggedWindows
+from lib.models.architectures import Transformer
 from lib.models.folder import load_model
-from lib.models.transformer import Transformer
 from lib.objectives import (OBJECTIVES, BatchPlan, Objective, build_objective, load_objective, objective_extras,
                             save_objective)
 from lib.objectives import electra as electra_module

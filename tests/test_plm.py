@@ -10,7 +10,7 @@ import torch
 from lib.config.errors import UserError
 from lib.config.params import ParamsError, PLMConfig
 from lib.data.windows import Windows
-from lib.models.transformer import Transformer
+from lib.models.architectures.encoder import Encoder
 from lib.objectives.plm import PermutationLM, two_stream_masks
 from tests.helpers import TOY_SPECIAL, TOY_VOCAB, counting_batch, counting_rows, two_sided_rows
 from tests.test_objectives import build, one_thread, tiny_params  # noqa: F401 (the fixture applies here too)
@@ -55,7 +55,7 @@ def test_a_prediction_reads_what_precedes_it_in_the_order_and_never_its_own_toke
 
 def test_finetuning_reads_an_ordinary_bidirectional_backbone():
     objective = plm()
-    assert type(objective.backbone()) is Transformer and not objective.backbone().cfg.causal
+    assert type(objective.backbone()) is Encoder
     assert {name for name, _ in objective.named_parameters() if not name.startswith("model.")} == {"query_start"}
 
 

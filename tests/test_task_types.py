@@ -13,7 +13,8 @@ import torch
 
 from lib.config.params import (ElmoConfig, FinetuneConfig, FromScratchConfig, ImplConfig, PlainConfig, TaskConfig,
                                UlmfitConfig)
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import build_model
+from lib.models.config import TransformerConfig
 from lib.tasks import TYPES, task_metrics
 from lib.training.variants import run_variant
 from tests.tasktype_helpers import WORDS, one_thread, trained  # noqa: F401
@@ -110,7 +111,7 @@ def test_each_type_reads_counts_bad_rows_and_learns(tmp_path, tokenizer, one_thr
     assert task.skipped[f"train.{reason}"] == 1 and task.type == task_type
     assert task.eval is not None and len(task.references["eval"] or task.eval) == 80
     torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+    backbone = build_model(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
                                              d_ff=64, dropout=0.0, max_positions=32))
     for variant in ("plain", "ulmfit", "frozen"):
         result, model = run_variant(variant, task, task_metrics(cfg), backbone, CFG, IMPL, torch.device("cpu"), 1,
@@ -154,7 +155,7 @@ def test_a_causal_model_takes_each_shape(tmp_path, tokenizer, one_thread, task_t
     task = TYPES[task_type].load(task_type, cfg, tok, special, dev_fraction=CFG.dev_fraction, dev_max=CFG.dev_max,
                                  max_train=150, causal=True)
     torch.manual_seed(0)
-    backbone = Transformer(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
+    backbone = build_model(TransformerConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layers=1, n_heads=2,
                                              d_ff=64, dropout=0.0, max_positions=32, causal=True))
     result, _ = run_variant("plain", task, task_metrics(cfg), backbone, CFG, IMPL, torch.device("cpu"), 1, special["pad"],
                             tmp_path / "ck", "fp")

@@ -268,7 +268,7 @@ class TokenizerConfig:
 
 @dataclass
 class ModelConfig:
-    """The transformer (lib/models/transformer.py). vocab_size comes from the trained tokenizer."""
+    """The transformer (lib/models/config.py, lib/models/architectures/). vocab_size comes from the trained tokenizer."""
 
     d_model: int = 256
     n_layers: int = 4

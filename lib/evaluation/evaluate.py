@@ -29,7 +29,7 @@ from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
 from lib.evaluation.efficiency import onnx_latency, profile
 from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from lib.data.encoding import TRUNCATIONS, cut, pair_lengths
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer
 
 FIELDS = re.compile(r"(\{text\}|\{text_pair\})")  # the placeholders of a zero-shot template
 

@@ -1,1 +1,1 @@
-"""The transformer (a pure nn module), task models on it, model folders, Hugging Face import and export."""
+"""The models (pure nn modules): their config, building blocks, architectures by name, checkpoint families, model folders, Hugging Face import and export."""

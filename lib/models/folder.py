@@ -19,9 +19,10 @@ from lib.config.errors import UserError
 from lib.core.errors import one_line
 from lib.core.io import atomic_dir, read_safetensors, write_safetensors
 from lib.models import hf
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout
 from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
-from lib.models.transformer import Transformer, TransformerConfig
 
 
 def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
@@ -58,7 +59,7 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transform
         return hf.load_exported(model_dir, read_config(model_dir)).to(device).eval()
     if "model_type" in config:
         return hf.import_model(model_dir).model.to(device)
-    model = Transformer(read_config(model_dir))
+    model = build_model(read_config(model_dir))
     load_weights(model, model_dir / MODEL_FILE, model_dir / CONFIG_FILE)
     return model.to(device).eval()
 

@@ -1,4 +1,4 @@
-"""Published checkpoints in Hugging Face layout, read exactly into lib/models/transformer.py's Transformer.
+"""Published checkpoints in Hugging Face layout, read exactly into the models of lib/models/architectures/.
 
 A checkpoint is a folder with `config.json` (its `model_type` names the family), `model.safetensors`
 or `pytorch_model.bin` (read with torch's weights-only unpickler: tensors, never code) and the fast
@@ -33,9 +33,10 @@ from lib.config.params import HUB_PREFIX, Params
 from lib.core.errors import describe
 from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.models.families import FAMILIES
 from lib.models.families.base import Family
-from lib.models.transformer import Transformer, TransformerConfig
 
 CONFIG_FILE, SAFETENSORS_FILE, PICKLE_FILE, TOKENIZER_FILE = (
     "config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json")
@@ -129,7 +130,7 @@ def import_model(folder: Path) -> ImportedModel:
         projecting = " or ".join(f.title for f in FAMILIES.values() if f.projects_embeddings)
         raise UserError(f"{Path(folder) / CONFIG_FILE}: embedding_size {cfg.embedding_size} != hidden size "
                         f"for a {family.name} (only {projecting} projects its embeddings)")
-    return load_tensors(Transformer(cfg), family, theirs, folder)
+    return load_tensors(build_model(cfg), family, theirs, folder)
 
 
 def load_tensors(model: Transformer, family: Family, theirs: dict[str, torch.Tensor], folder: Path) -> ImportedModel:
@@ -201,7 +202,7 @@ def conv1d_weight(family: Family, target: str, tensor: torch.Tensor) -> bool:
 
 # Export: a model folder the pipeline writes is in a transformers architecture's layout where one
 # computes exactly what ours does, so transformers loads it too. Its config.json keeps our config under
-# EXPORT_KEY, so that lib.models.transformer reads the folder back to the identical Transformer.
+# EXPORT_KEY, so that lib.models.folder reads the folder back to the identical model.
 
 
 def export_family(cfg: TransformerConfig) -> tuple[Family | None, str]:
@@ -261,7 +262,7 @@ def load_exported(folder: Path, cfg: TransformerConfig,
     """A folder save_model wrote in a transformers layout, back into the identical Transformer;
     `tensors`: its read_weights, where the caller has them already (a task head's are among them)."""
     family, _ = export_family(cfg)
-    return load_tensors(Transformer(cfg), family, read_weights(folder) if tensors is None else tensors, folder).model
+    return load_tensors(build_model(cfg), family, read_weights(folder) if tensors is None else tensors, folder).model
 
 
 def fit_rows(tensor: torch.Tensor, like: torch.Tensor, name: str, folder: Path) -> torch.Tensor:

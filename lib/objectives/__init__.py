@@ -30,8 +30,8 @@ from torch import Tensor
 from lib.config.errors import UserError
 from lib.config.params import Params, ParamsError, check_choice
 from lib.core.io import read_safetensors, write_safetensors
+from lib.models.config import TransformerConfig
 from lib.models.folder import load_model, save_model
-from lib.models.transformer import TransformerConfig
 from lib.objectives.base import (  # noqa: F401 (the interface)
     OBJECTIVES, BatchPlan, Objective, fitting_objective, register)
 

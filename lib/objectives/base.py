@@ -12,8 +12,9 @@ from lib.config.errors import UserError
 from lib.config.params import Params
 from lib.data.packed import PackedTokens
 from lib.data.windows import Batch, BatchStream, Windows, WindowBatches, fixed_windows
+from lib.models.architectures import Transformer
+from lib.models.config import TransformerConfig
 from lib.models.hf import ImportedModel
-from lib.models.transformer import Transformer, TransformerConfig
 
 
 @dataclass(frozen=True)

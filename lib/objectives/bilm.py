@@ -33,8 +33,9 @@ from torch import Tensor
 
 from lib.config.params import Params
 from lib.data.windows import Windows
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.models.hf import ImportedModel
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.objectives.base import Objective, register
 from lib.objectives.clm import next_token_loss
 
@@ -47,8 +48,8 @@ class BidirectionalLM(Objective):
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
-        self.forward_stack = Transformer(self.arch)
-        self.backward_stack = Transformer(self.arch, embeddings=self.forward_stack.embeddings)
+        self.forward_stack = build_model(self.arch)
+        self.backward_stack = build_model(self.arch, embeddings=self.forward_stack.embeddings)
         self.backward_stack.head = self.forward_stack.head  # the shared softmax
 
     def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:

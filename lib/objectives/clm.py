@@ -12,7 +12,8 @@ from torch import Tensor
 
 from lib.config.params import Params
 from lib.data.windows import Windows
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import Transformer, build_model
+from lib.models.config import TransformerConfig
 from lib.objectives.base import Objective, register
 
 
@@ -24,7 +25,7 @@ class CausalLM(Objective):
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
         super().__init__(params, vocab_size, special_ids, arch)
-        self.model = Transformer(self.arch)
+        self.model = build_model(self.arch)
 
     def forward(self, batch: Windows) -> tuple[Tensor, dict[str, Tensor]]:
         loss, accuracy = next_token_loss(self.model, batch.tokens)

@@ -34,8 +34,10 @@ from torch import Tensor, nn
 from lib.config.params import Params
 from lib.data.knowledge import knowledge_units
 from lib.data.windows import Windows
+from lib.models.architectures import Transformer, build_model
+from lib.models.blocks import matmul_weights
+from lib.models.config import ACTIVATIONS, TransformerConfig
 from lib.models.hf import ImportedModel
-from lib.models.transformer import ACTIVATIONS, Transformer, TransformerConfig, matmul_weights
 from lib.objectives.base import BatchPlan, Batches, Objective, register, window_batches
 from lib.objectives.masking import mask_tokens, special_mask
 from lib.objectives.mlm import masked_lm_loss
@@ -53,8 +55,8 @@ class Electra(Objective):
         self.units = knowledge_units(params.mlm.knowledge)
         self.disc_weight = params.electra.disc_weight
         cfg = self.arch
-        self.discriminator = Transformer(cfg)
-        self.generator = Transformer(cfg.scaled(params.electra.generator_width), embeddings=self.discriminator.embeddings)
+        self.discriminator = build_model(cfg)
+        self.generator = build_model(cfg.scaled(params.electra.generator_width), embeddings=self.discriminator.embeddings)
         self.disc_head = DiscriminatorHead(cfg)
         never_sampled = special_mask(torch.arange(vocab_size), special_ids.values())
         self.register_buffer("never_sampled", never_sampled, persistent=False)

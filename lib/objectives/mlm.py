@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from lib.config.params import Params
 from lib.data.knowledge import knowledge_units
 from lib.data.windows import TaggedWindows
-from lib.models.transformer import Transformer, TransformerConfig, init_weights, matmul_weights
+from lib.models.architectures import Transformer, build_model
+from lib.models.blocks import init_weights, matmul_weights
+from lib.models.config import TransformerConfig
 from lib.objectives.base import BatchPlan, Batches, Objective, register, window_batches
 from lib.objectives.masking import IGNORE_INDEX, Masked, mask_tokens
 from lib.objectives.sentence import Pairs, sentence_pairs
@@ -38,7 +40,7 @@ class MaskedLM(Objective):
         super().__init__(params, vocab_size, special_ids, arch)
         self.masking = params.mlm
         self.units = knowledge_units(params.mlm.knowledge)
-        self.model = Transformer(self.arch)
+        self.model = build_model(self.arch)
         if self.masking.sentence != "none":
             width = self.model.cfg.d_model
             self.sentence_head = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))

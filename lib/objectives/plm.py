@@ -29,7 +29,9 @@ from torch import Tensor, nn
 from lib.config.errors import UserError
 from lib.config.params import Params
 from lib.data.windows import Windows
-from lib.models.transformer import Transformer, TransformerConfig, matmul_weights
+from lib.models.architectures import Transformer, build_model
+from lib.models.blocks import matmul_weights
+from lib.models.config import TransformerConfig
 from lib.objectives.base import Objective, register
 
 RELATIVE_POSITIONS = ("rope", "alibi")
@@ -65,7 +67,7 @@ class PermutationLM(Objective):
             raise UserError(f"model.position: objective plm needs relative positions ({' or '.join(RELATIVE_POSITIONS)}), "
                             f"not {self.arch.position}: its query stream has no input that says where it is")
         self.partial_k = params.plm.partial_k
-        self.model = Transformer(self.arch)
+        self.model = build_model(self.arch)
         # the query stream's input at every position: XLNet's trainable mask embedding w, a row of the
         # token embeddings' width that takes their path into the blocks (see query_inputs)
         self.query_start = nn.Parameter(torch.randn(self.arch.embedding_dim) * 0.02)

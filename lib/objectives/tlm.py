@@ -22,7 +22,7 @@ from lib.config.params import Params
 from lib.data.packed import PackedTokens
 from lib.data.pairs import PairBatches, TranslationPairs
 from lib.data.windows import BatchStream, TaggedWindows
-from lib.models.transformer import TransformerConfig
+from lib.models.config import TransformerConfig
 from lib.objectives.base import BatchPlan, Batches, register
 from lib.objectives.masking import mask_tokens
 from lib.objectives.mlm import MaskedLM, masked_lm_loss

@@ -25,8 +25,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from lib.config.params import HUB_PREFIX, CorpusConfig, Params
 from lib.core import tracking
 from lib.data.sources import parse_hub
+from lib.models.config import TransformerConfig
 from lib.models.folder import read_config, read_config_json
-from lib.models.transformer import TransformerConfig
 
 CARD_FILE = "README.md"
 PIPELINE = "transfer-pipeline"  # the project: every card's tag

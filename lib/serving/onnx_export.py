@@ -1,6 +1,6 @@
 """A classifier folder as an ONNX model, run by ONNX Runtime with the same probabilities as lib.serving.predict.
 
-`to_onnx` exports a TaskModel (any head, any backbone lib.models.transformer builds) to an ONNX graph from
+`to_onnx` exports a TaskModel (any head, any backbone lib.models.architectures builds) to an ONNX graph from
 (input_ids, segment_ids, attention_mask) to logits, with dynamic batch and sequence axes; the
 sequence axis goes up to the model's max_length, the longest input it takes, or for ALiBi (no
 position table: it extrapolates) up to the classifier's encoding max_len where that is longer.

@@ -11,7 +11,7 @@ with what it is batched with. Per-token types (tagging, span QA) put the head on
 With a scalar mix (ELMo's, the elmo variant) the states the features read are a learned mix of every layer's
 (ScalarMix), not the last layer's.
 
-Saved as a folder: the backbone as lib.models.transformer writes it (model.safetensors + config.json), the head,
+Saved as a folder: the backbone as lib.models.folder writes it (model.safetensors + config.json), the head,
 classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
 `load_task_model(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the
 same backbone and head (`task_model_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2,
@@ -37,11 +37,12 @@ from torch import nn
 from lib.config.errors import UserError
 from lib.core.io import atomic_dir, write_safetensors
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
+from lib.models.architectures import Transformer
+from lib.models.config import TransformerConfig
 from lib.models.families import FAMILIES
 from lib.models.families.base import Family
 from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.hf import export_family, load_exported, read_weights
-from lib.models.transformer import Transformer, TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
 

@@ -51,7 +51,7 @@ from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
-from lib.models.transformer import Transformer
+from lib.models.architectures import build_model
 from lib.tasks import TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
@@ -118,7 +118,7 @@ def build_student(teacher: TaskModel, cfg: DistillConfig, blocks: list[int]) -> 
         s = dataclasses.replace(t, n_layers=cfg.layers)
     else:
         s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
-    student = TaskModel(Transformer(s), dataclasses.replace(teacher.head_cfg))
+    student = TaskModel(build_model(s), dataclasses.replace(teacher.head_cfg))
     student.language = teacher.language
     if blocks:
         source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared

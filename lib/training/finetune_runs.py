@@ -19,7 +19,8 @@ from lib.core import distributed
 from lib.core.distributed import Context
 from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import Transformer
+from lib.models.config import TransformerConfig
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from lib.models.transformer import TransformerConfig
+from lib.models.config import TransformerConfig
 
 # transformers' hidden_act names -> ours, and back
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

@@ -3,10 +3,10 @@ the pooler is kept; the masked-LM head `cls.predictions` when present. RoBERTa, 
 RoBERTa-PreLayerNorm build on it."""
 from __future__ import annotations
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import (CLS_PREDICTIONS, EXPORTED_ACTIVATIONS, MULTIPLE_CHOICE, QUESTION_ANSWERING,
                                       SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskClass, activation,
                                       preferring)
-from lib.models.transformer import TransformerConfig
 
 LAYER = {"attn.qkv": ("attention.self.query", "attention.self.key", "attention.self.value"),
          "attn.proj": "attention.output.dense", "ln1": "attention.output.LayerNorm",

@@ -2,9 +2,9 @@
 (a model of its shape exports as a BERT)."""
 from __future__ import annotations
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import MLM_HEADS, Family, activation
 from lib.models.families.bert import EMBEDDINGS
-from lib.models.transformer import TransformerConfig
 
 
 class DistilBert(Family):

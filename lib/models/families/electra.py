@@ -3,10 +3,10 @@ masked-LM head `generator_predictions`, a GELU classification head; a discrimina
 replaced-token detection head is kept aside (ImportedModel.discriminator_head). Exported bidirectional only."""
 from __future__ import annotations
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import (GENERATOR_PREDICTIONS, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
                                       TOKEN_CLASSIFICATION, TaskClass, preferring)
 from lib.models.families.bert import Bert, bert_shaped
-from lib.models.transformer import TransformerConfig
 
 
 class Electra(Bert):

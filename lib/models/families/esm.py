@@ -4,9 +4,10 @@ LayerNorm, no token types, exact GELU, RoBERTa's LM head without a decoder bias 
 transformers' one rotary family: every rotary model of ours is its to export."""
 from __future__ import annotations
 
+from lib.models.blocks import ROPE_BASE
+from lib.models.config import TransformerConfig
 from lib.models.families.base import LM_HEAD, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family, TaskClass
 from lib.models.families.bert import LAYER
-from lib.models.transformer import ROPE_BASE, TransformerConfig
 
 
 class Esm(Family):

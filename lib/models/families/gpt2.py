@@ -3,9 +3,9 @@ alone as its LM head; the one family whose task models are made for causal atten
 last real token)."""
 from __future__ import annotations
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import (EXPORTED_ACTIVATIONS, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
                                       TOKEN_CLASSIFICATION, Family, TaskClass, activation)
-from lib.models.transformer import TransformerConfig
 
 
 class GPT2(Family):

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import (LM_HEAD, MULTIPLE_CHOICE, QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION,
                                       TOKEN_CLASSIFICATION, TaskClass)
 from lib.models.families.bert import EMBEDDINGS, LAYER, bert_shaped
 from lib.models.families.roberta import Roberta
-from lib.models.transformer import TransformerConfig
 
 
 class RobertaPreLayerNorm(Roberta):

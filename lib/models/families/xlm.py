@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from lib.models.config import TransformerConfig
 from lib.models.families.base import (QUESTION_ANSWERING, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, Family,
                                       TaskClass)
-from lib.models.transformer import TransformerConfig
 
 
 class XLM(Family):

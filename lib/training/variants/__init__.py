@@ -23,7 +23,7 @@ import torch
 
 from lib.config.params import FinetuneConfig, ImplConfig, Params, check_choice
 from lib.core.distributed import Context
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer
 from lib.tasks.base import TaskData
 from lib.tasks.model import TaskModel
 from lib.training.finetune import RunResult, run_name

@@ -9,7 +9,8 @@ import torch
 
 from lib.config.params import FinetuneConfig, ImplConfig
 from lib.core.distributed import Context
-from lib.models.transformer import Transformer, TransformerConfig
+from lib.models.architectures import Transformer
+from lib.models.config import TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskData, TaskType
 from lib.tasks.model import HeadConfig, TaskModel, plain_head

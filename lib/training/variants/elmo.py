@@ -11,7 +11,7 @@ import copy
 import dataclasses
 
 from lib.config.params import FinetuneConfig
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
 from lib.tasks.model import TaskModel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lib.config.params import FinetuneConfig
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer, build_model
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
 from lib.tasks.model import TaskModel
@@ -20,6 +20,6 @@ class FromScratch(TrainedVariant):
 
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
               kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
-        backbone = Transformer(adapted.cfg)
+        backbone = build_model(adapted.cfg)
         return Setup(TaskModel(backbone, transformers_head(kind, backbone.cfg, n_outputs, cfg)),
                      cfg.from_scratch.lr, 1.0, Schedule("linear", warmup_frac=cfg.from_scratch.warmup_frac))

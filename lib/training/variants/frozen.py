@@ -18,7 +18,7 @@ from lib.core import distributed, runtime
 from lib.core.distributed import Context
 from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
-from lib.models.transformer import Transformer
+from lib.models.architectures import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
 from lib.tasks.model import HeadConfig, TaskModel
