@@ -1,68 +1,15 @@
 """dvc.yaml against the code: every stage depends on every project file it runs (its import closure),
 so editing one reruns exactly the stages whose results it can change; outputs persist (a failed stage
 leaves the last good ones); and each stage script keys its saved progress on dvc.yaml's params list."""
-import ast
-import functools
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers import ROOT
+from tests.stage_deps import DVC_YAML, RECIPES, closure, code_deps, docstring_only, with_derived_deps
 
-DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-RECIPES = Path("lib/config/recipes")  # data the params loader reads, not code
-REGISTRIES = ("objectives", "variants")  # packages whose __init__.py imports each of their modules by name
-
-
-def module_file(module: str) -> Path | None:
-    """The project file of a dotted module name (lib.x, lib.objectives.y, stages.z), None for others."""
-    if module.split(".")[0] not in ("lib", "stages"):
-        return None
-    path = ROOT.joinpath(*module.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate.relative_to(ROOT)
-    return None
-
-
-@functools.cache
-def imports_of(path: Path) -> frozenset[Path]:
-    """Project files that `path` imports anywhere in it (function-level imports too): `from lib import x`
-    names the module lib.x, `from lib.x import y` the module lib.x (or lib.x.y when that is a module),
-    and every package above a module (its __init__.py runs first)."""
-    found = set()
-    for node in ast.walk(ast.parse((ROOT / path).read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        # importing lib.a.b runs lib/a/__init__.py first
-        names += [".".join(name.split(".")[:n]) for name in names for n in range(2, name.count(".") + 1)]
-        found |= {f for f in map(module_file, names) if f is not None}
-    if path.name == "__init__.py" and path.parent.name in REGISTRIES:  # it imports every module beside it
-        found |= {p.relative_to(ROOT) for p in (ROOT / path.parent).glob("*.py")}
-    return frozenset(found)
-
-
-def docstring_only(path: Path) -> bool:
-    """A file that holds nothing but its docstring (lib/__init__.py) runs no code: no stage depends on it."""
-    body = ast.parse((ROOT / path).read_text()).body
-    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
-
-
-def closure(script: Path) -> set[Path]:
-    """The project files `script` runs: its package's __init__.py (`python -m stages.x` runs it first), its
-    imports, theirs, and so on."""
-    seen, todo = set(), [script, *[init for init in [script.parent / "__init__.py"] if (ROOT / init).is_file()]]
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            todo += imports_of(path)
-    return {path for path in seen if not docstring_only(path)}
+DVC = yaml.safe_load(DVC_YAML.read_text())["stages"]
 
 
 def test_the_closure_follows_imports():
@@ -80,6 +27,23 @@ def test_a_stage_depends_on_every_file_it_runs(stage):
     code = [d for d in deps if d.parts[0] in ("lib", "stages") and d != RECIPES]
     unused = [str(d) for d in code if not any(f == d or d in f.parents for f in closure(Path(f"stages/{stage}.py")))]
     assert not unused, f"dvc.yaml: stage {stage} lists {unused} in deps but never runs it"
+
+
+def test_dvc_yaml_lists_the_code_deps_derived_from_the_imports():
+    """Adding a lib file means one command, not edits of several stages by hand."""
+    text = DVC_YAML.read_text()
+    code = {stage: [d for d in DVC[stage]["deps"] if Path(d).parts[0] in ("lib", "stages")] for stage in DVC}
+    stale = [stage for stage in DVC if code[stage] != code_deps(stage)]
+    assert not stale and with_derived_deps(text) == text, (
+        f"dvc.yaml: the code deps of {', '.join(stale) or 'a stage'} are not what it runs; "
+        "`python -m tests.stage_deps` writes them")
+
+
+def test_a_registry_is_one_folder_dep():
+    """A new objective, variant or family lands in every stage that reads its registry with no edit."""
+    listed = set(code_deps("pretrain") + code_deps("finetune"))
+    assert {"lib/objectives", "lib/training/variants", "lib/models/families"} <= listed
+    assert not any(d.startswith("lib/objectives/") for d in code_deps("pretrain"))
 
 
 @pytest.mark.parametrize("stage", DVC)

@@ -3,7 +3,7 @@ import ast
 from pathlib import Path
 
 from tests.helpers import ROOT
-from tests.test_dvc_yaml import imports_of
+from tests.stage_deps import imports_of
 
 LIB = ROOT / "lib"
 
