@@ -1,9 +1,15 @@
 """The shape of lib/: role packages, and no module that imports, directly or through others, itself."""
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import yaml
+
 from tests.helpers import ROOT
-from tests.stage_deps import imports_of
+from tests.stage_deps import code_deps, imports_of
 
 LIB = ROOT / "lib"
 
@@ -160,3 +166,37 @@ def test_no_architecture_is_named_outside_its_module():
                 and path.resolve() == home.get(node.value)}
 
     assert names_outside(home, allowed) == []
+
+
+NEW_MODULES = {  # a module each that subclasses an existing concept under a new name, and nothing else
+    "lib/objectives/toy_lm.py": "from lib.objectives.base import register\nfrom lib.objectives.clm import CausalLM\n\n"
+                                "@register\nclass ToyLM(CausalLM):\n    name = 'toy_lm'\n",
+    "lib/training/variants/toy_finetune.py": "from lib.training.variants.base import register\n"
+                                             "from lib.training.variants.plain import Plain\n\n"
+                                             "@register\nclass ToyFinetune(Plain):\n    name = 'toy_finetune'\n",
+}
+REGISTERED = """
+from lib.config.params import load_params
+from lib.objectives import OBJECTIVES, check_objective
+from lib.training.variants import VARIANTS, check_variants
+
+params = load_params('params.yaml', checks=[check_objective, check_variants])
+print(sorted(set(OBJECTIVES) | set(VARIANTS)))
+"""
+
+
+def test_a_new_objective_or_variant_is_its_module_alone(tmp_path):
+    """What docs/extending.md says adding one takes, done: a module dropped into its package is found by
+    name, accepted by params.yaml's checks and run by the stages (dvc.yaml lists the package's folder),
+    with no other file edited (a new objective or variant with settings adds its section to params.py)."""
+    shutil.copytree(LIB, tmp_path / "lib", ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["objective"], params["finetune"]["variants"] = "toy_lm", ["plain", "toy_finetune"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for path, code in NEW_MODULES.items():
+        (tmp_path / path).write_text(code)
+    done = subprocess.run([sys.executable, "-c", REGISTERED], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert {"toy_lm", "toy_finetune"} <= set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert {"lib/objectives", "lib/training/variants"} <= set(code_deps("pretrain") + code_deps("finetune"))
