@@ -9,7 +9,7 @@ Needs `accelerate` (transformers' Trainer does): `pip install -e '.[bench]'`.
 Both sides run in this one process, one after the other, on the same examples: (warmup + steps) x batch
 train texts of the task drawn with a fixed seed from ../shared/data/<task>/train.jsonl.gz; the first
 warmup x batch are the warmup pool, the other steps x batch the timed pool. Both start from the same
-MiniLM checkpoint (../shared/models/all-MiniLM-L6-v2), cut texts to the same --max-len tokens ([CLS] and
+MiniLM (../shared/models/all-MiniLM-L6-v2), cut texts to the same --max-len tokens ([CLS] and
 [SEP] included, the head of a longer text kept), train with the same batch size, AdamW, gradient clipping
 at 1.0 and a linear LR schedule (each its own AdamW: ours torch's AdamW as lib/training/optim.py makes it,
 fused on CUDA and the foreach implementation on CPU; HF its default optim, adamw_torch_fused), and run in the

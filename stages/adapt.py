@@ -2,7 +2,7 @@
 
 Loads the pretrained model (--model) and trains it further with the same objective on the domain's
 packed tokens (default: IMDb train + unsup, never IMDb test; with `init`, the objective that fits the
-checkpoint: mlm for an encoder, clm for GPT-2), with discriminative LRs (each layer
+published model: mlm for an encoder, clm for GPT-2), with discriminative LRs (each layer
 group's LR is the one above it / adapt.lr_decay) and the slanted triangular schedule. Reports the
 domain validation metrics before and after. With `adapt.enabled: false` the pretrained model goes to
 --out unchanged and the metrics say so, so that the value of adapting can be measured.
@@ -41,7 +41,7 @@ def main() -> None:
             print("adapt.enabled is false: the pretrained model goes on unchanged", flush=True)
             return
         torch.manual_seed(params.seed)
-        if params.init:  # the checkpoint's shape, and the objective that fits it (as pretrain chose)
+        if params.init:  # the published model's shape, and the objective that fits it (as pretrain chose)
             arch = read_config(args.model)
             name, vocab_size = fitting_objective(params.objective, arch), arch.vocab_size
         else:

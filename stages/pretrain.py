@@ -5,7 +5,7 @@ ELECTRA `objective.safetensors` with the generator) to --out, final metrics to t
 the training/validation curves as plot CSVs. Checkpoints go to --checkpoints while it runs: killed
 and started again, it resumes from the last one.
 
-With `init` set the model is the checkpoint's (lib/models/hf.py), trained with the objective that fits it;
+With `init` set the model is the published model's (lib/models/hf.py), trained with the objective that fits it;
 `pretrain.with_init: keep` writes it out unchanged (no curves), `continue` pretrains it further.
 """
 
@@ -15,7 +15,7 @@ from lib.core.errors import run_main
 from lib.core.stage import open_stage
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.objectives import build_objective, check_objective
-from lib.training.lm import LMPaths, keep_checkpoint, objective_from_checkpoint, train_language_model
+from lib.training.lm import LMPaths, keep_published_model, objective_from_init, train_language_model
 from lib.training.optim import check_optimizers
 
 
@@ -38,9 +38,9 @@ def main() -> None:
                                         saved_special_ids(args.tokenizer))
             train_language_model("pretrain", params, params.pretrain, objective, paths, run, stage.keyed_on)
             return
-        objective, imported = objective_from_checkpoint(params, args.tokenizer)
+        objective, imported = objective_from_init(params, args.tokenizer)
         if params.pretrain.with_init == "keep":
-            keep_checkpoint(params, objective, imported, paths, run)
+            keep_published_model(params, objective, imported, paths, run)
         else:
             train_language_model("pretrain", params, params.pretrain, objective, paths, run, stage.keyed_on)
 

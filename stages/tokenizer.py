@@ -1,6 +1,6 @@
 """Stage `tokenizer`: train a tokenizer on cleaned pretraining text, encode the corpora to packed tokens.
 
-With `init` set, the checkpoint's own tokenizer (its vocabulary, lowercasing and special tokens) is
+With `init` set, the published model's own tokenizer (its vocabulary, lowercasing and special tokens) is
 taken instead of training one (lib/models/hf.py), and the corpora are encoded with it.
 
 Before encoding, phrases and named entities are mined from the pretraining train text the tokenizer

@@ -306,7 +306,7 @@ def test_flatten_nested(chdir_root):
     assert flat["decontaminate.enabled"] is True
 
 
-def test_with_init_replaces_finetune_settings_only_from_a_checkpoint(chdir_root, tmp_path, default_params):
+def test_with_init_replaces_finetune_settings_only_from_a_published_model(chdir_root, tmp_path, default_params):
     default_params["finetune"]["with_init"] = {"plain": {"lr": 3e-5}, "ulmfit": {"unfreeze_every": 5,
                                                                                  "gradual_unfreezing": False},
                                                "patience": 4}
@@ -315,11 +315,11 @@ def test_with_init_replaces_finetune_settings_only_from_a_checkpoint(chdir_root,
         default_params["finetune"]["plain"]["lr"], default_params["finetune"]["ulmfit"]["unfreeze_every"],
         default_params["finetune"]["patience"])
     default_params["init"] = "hf:org/model"
-    checkpoint = load(tmp_path, default_params).finetune
-    assert (checkpoint.plain.lr, checkpoint.ulmfit.unfreeze_every, checkpoint.ulmfit.gradual_unfreezing,
-            checkpoint.patience) == (3e-5, 5, False, 4)
+    with_init = load(tmp_path, default_params).finetune
+    assert (with_init.plain.lr, with_init.ulmfit.unfreeze_every, with_init.ulmfit.gradual_unfreezing,
+            with_init.patience) == (3e-5, 5, False, 4)
     # a key with_init leaves out keeps its value, in a section it sets too
-    assert (checkpoint.ulmfit.lr, checkpoint.plain.warmup_frac) == (scratch.ulmfit.lr, scratch.plain.warmup_frac)
+    assert (with_init.ulmfit.lr, with_init.plain.warmup_frac) == (scratch.ulmfit.lr, scratch.plain.warmup_frac)
 
 
 @pytest.mark.parametrize("with_init, message", [
@@ -370,9 +370,9 @@ def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_par
 def test_every_recipe_loads_over_the_default_params(chdir_root, tmp_path, default_params, recipe):
     params = load(tmp_path, {**default_params, "recipe": recipe})
     assert params.recipe == recipe
-    replaced_from_a_checkpoint = {f"finetune.{k}" for k in default_params["finetune"]["with_init"]} if params.init else ()
+    replaced_with_init = {f"finetune.{k}" for k in default_params["finetune"]["with_init"]} if params.init else ()
     for key, value in flatten(read_recipe(recipe)[0]).items():  # each key it sets is the value used
-        assert flatten(params)[key] == value or key in replaced_from_a_checkpoint
+        assert flatten(params)[key] == value or key in replaced_with_init
 
 
 def test_the_default_recipe_sets_nothing(chdir_root):

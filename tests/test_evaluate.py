@@ -95,7 +95,7 @@ def test_report_says_where_the_language_model_started():
                                                        "adapted to the domain with clm on 2,400,000 tokens")
     checkpoint = {"pretrain": {"init": "hf:org/bert", "family": "bert", "kept": True, "objective": "mlm"},
                   "adapt": {"enabled": False, "objective": "mlm"}}
-    assert starting_point(checkpoint) == ("the published checkpoint `hf:org/bert` (bert), kept as it "
+    assert starting_point(checkpoint) == ("the published model `hf:org/bert` (bert), kept as it "
                                                           "is; not adapted (adapt.enabled: false)")
 
 

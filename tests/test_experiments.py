@@ -1,5 +1,5 @@
 """Experiments as a user runs them (`dvc exp run -S ...`) on the tiny project of tests/test_pipeline.py after
-its `dvc repro`: another objective, a published checkpoint, a new task, the shipped task types, a name DVC cannot
+its `dvc repro`: another objective, a published model, a new task, the shipped task types, a name DVC cannot
 save. Apart from test_pipeline.py so that pytest-xdist runs the two modules side by side."""
 import csv
 import json
@@ -44,22 +44,22 @@ def test_objective_experiment_reruns_only_what_follows_the_tokenizer(repo):
     assert "zero_shot" not in evaluate["imdb"]["splits"]["test"]["scores"]  # a bidirectional LM has no prompt scores
 
 
-def test_init_experiment_starts_from_a_checkpoint(repo):
-    """`dvc exp run -S init=hf:<org>/<name>`, the mirror standing in for the hub: the checkpoint's
+def test_init_experiment_starts_from_a_published_model(repo):
+    """`dvc exp run -S init=hf:<org>/<name>`, the mirror standing in for the hub: the published model's
     tokenizer and weights go through the whole chain, adapted with the objective that fits them.
     After the objective experiment: both change the workspace."""
     transformers = pytest.importorskip("transformers")
-    checkpoint = repo.parent / "shared" / "models" / "tiny-bert"
+    published = repo.parent / "shared" / "models" / "tiny-bert"
     transformers.AutoTokenizer.from_pretrained(ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2").save_pretrained(
-        checkpoint)
+        published)
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                   intermediate_size=64)).save_pretrained(checkpoint)
+                                                   intermediate_size=64)).save_pretrained(published)
     out = run(repo, "dvc", "exp", "run", "-S", "init=hf:someone/tiny-bert", "-S", "objective=clm",
               "-S", "finetune.variants=[ulmfit,plain,from_scratch,frozen]", "-S", "finetune.tasks=[sst2]",
-              "-S", "distill.tasks=[sst2]", "-n", "init")  # one task: every variant, each on the checkpoint
+              "-S", "distill.tasks=[sst2]", "-n", "init")  # one task: every variant, each on the published model
     assert "Running stage 'clean'" not in out and "Running stage 'tokenizer'" in out
-    assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the checkpoint: initialised fresh" in out
-    assert "objective: clm does not fit a bert checkpoint; training it with mlm" in out
+    assert "a bert with" in out and "no head.decoder, head.dense, head.norm in the published model: initialised fresh" in out
+    assert "objective: clm does not fit a bert model; training it with mlm" in out
     tokenizer = json.loads((repo / "data/tokens/tokenizer/tokenizer_meta.json").read_text())
     assert tokenizer["algorithm"] == "wordpiece" and tokenizer["vocab_size"] == 30522 and tokenizer["lowercase"]
     assert tokenizer["special_tokens"]["bos"] == {"token": "[CLS]", "id": 101}
@@ -75,7 +75,7 @@ def test_init_experiment_starts_from_a_checkpoint(repo):
     assert set(finetune) == {"sst2"} and set(finetune["sst2"]["variants"]) == {"ulmfit", "plain", "from_scratch", "frozen"}
     assert set(json.loads((repo / "metrics/distill.json").read_text())) == {"sst2"}
     assert "teacher" in json.loads((repo / "metrics/evaluate.json").read_text())["sst2"]["splits"]["validation"]["scores"]
-    assert "started from: the published checkpoint `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
+    assert "started from: the published model `hf:someone/tiny-bert` (bert), kept as it is; adapted to the domain " \
            "with mlm" in (repo / "reports/summary.md").read_text()
 
 

@@ -1,6 +1,6 @@
-"""Published checkpoints read into lib.models.architectures' models exactly (lib/models/hf.py): for each family a tiny random model
+"""Published models read into lib.models.architectures' models exactly (lib/models/hf.py): for each family a tiny random model
 built with transformers, saved, imported and compared with transformers on real sentences; and the
-real MiniLM checkpoint in ../shared/models."""
+real MiniLM in ../shared/models."""
 import json
 from pathlib import Path
 
@@ -43,7 +43,7 @@ def bpe_tokenizer(folder: Path, specials: dict[str, str], roberta: bool) -> int:
 
 
 def build(family: str, folder: Path):
-    """A tiny random checkpoint of `family` with a tokenizer, saved to `folder`; (task model class)."""
+    """A tiny random model of `family` with a tokenizer, saved to `folder`; (task model class)."""
     torch.manual_seed(0)
     small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     if family in ("bert", "electra", "distilbert"):
@@ -144,7 +144,7 @@ def test_electra_discriminator_keeps_encoder_and_its_detection_head(tmp_path):
 
 
 @pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")
-def test_minilm_checkpoint_imports_exactly():
+def test_minilm_imports_exactly():
     compare(MINILM)
     imported = import_model(MINILM)
     assert imported.family == "bert" and imported.model.cfg.pooler
@@ -153,7 +153,7 @@ def test_minilm_checkpoint_imports_exactly():
     assert roles == {"pad": "[PAD]", "unk": "[UNK]", "bos": "[CLS]", "eos": "[SEP]", "mask": "[MASK]"} and lowercase
 
 
-def test_bad_checkpoints_say_what_is_wrong_in_one_line(tmp_path):
+def test_bad_published_models_say_what_is_wrong_in_one_line(tmp_path):
     def error(folder) -> str:
         with pytest.raises(UserError) as info:
             import_model(folder)
@@ -320,7 +320,7 @@ def test_a_model_with_no_transformers_equivalent_says_why_and_stays_loadable(sha
 
 
 @pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2")
-def test_an_imported_checkpoint_saves_back_as_itself(tmp_path):
+def test_an_imported_model_saves_back_as_itself(tmp_path):
     """MiniLM in, through the pipeline's save_model, out: transformers reads the same encoder (and pooler)."""
     imported = import_model(MINILM).model
     save_model(imported, tmp_path, {"pad": 0, "unk": 100, "bos": 101, "eos": 102, "mask": 103})

@@ -106,8 +106,8 @@ def test_no_task_type_is_named_outside_its_package():
     assert names_outside(TYPES, allowed) == []
 
 
-def test_no_checkpoint_family_is_named_outside_its_module():
-    """A checkpoint family owns everything about itself (its module in lib/models/families/): its name as
+def test_no_model_family_is_named_outside_its_module():
+    """A model family owns everything about itself (its module in lib/models/families/): its name as
     a string anywhere else in the code, its own package's other modules included, means knowledge of it
     sits outside its file. Only the exact string counts: docstrings, comments, hub ids ("hf:org/bert-x")
     and words that contain a name may name it. A name that is also an objective's (ELECTRA's) may name

@@ -1,5 +1,5 @@
 """Model cards: every part the hub and a reader look for, for a classifier finetuned from scratch and for a
-chain started from a published checkpoint; the folders still load in transformers and in lib; and every
+chain started from a published model; the folders still load in transformers and in lib; and every
 model folder of the tiny `dvc repro` carries its card, with the scores the stages measured."""
 import json
 from pathlib import Path
@@ -102,7 +102,7 @@ def test_a_classifier_finetuned_from_scratch_has_a_full_card_and_still_loads(tok
     assert {row["label"] for row in classify(["I loved it"])[0]} == set(TINY_LABELS)
 
 
-def test_a_chain_from_a_checkpoint_carries_its_base_model_data_and_stages(tokenizer, tmp_path, default_params):
+def test_a_chain_from_a_published_model_carries_its_base_model_data_and_stages(tokenizer, tmp_path, default_params):
     from transformers import AutoModelForMaskedLM
 
     default_params.update(init=f"hf:{CHECKPOINT}", objective="mlm")
@@ -120,7 +120,7 @@ def test_a_chain_from_a_checkpoint_carries_its_base_model_data_and_stages(tokeni
     assert front["base_model"] == CHECKPOINT and "license" not in front and "datasets" not in front  # its own data
     assert front["library_name"] == "transformers" and front["pipeline_tag"] == "fill-mask" and "mlm" in front["tags"]
     assert "model-index" not in front and list(sections) == SECTIONS
-    assert f"took the published checkpoint `hf:{CHECKPOINT}`" in sections["Training"]
+    assert f"took the published model `hf:{CHECKPOINT}`" in sections["Training"]
     front, head, sections = read_card(tmp_path / "adapt")
     assert front["base_model"] == CHECKPOINT and front["datasets"] == [IMDB]
     assert training_stages(sections["Training"]) == ["pretrain", "adapt"]
@@ -139,17 +139,17 @@ def test_a_chain_from_a_checkpoint_carries_its_base_model_data_and_stages(tokeni
     assert training_stages(sections["Training"]) == ["pretrain", "adapt", "finetune"]
     assert "`sst2`, revision `bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c`" in sections["Training"]
     assert "lib layout only: ULMFiT's concat pooling" in sections["Model"]
-    assert f"License: that of the checkpoint it started from, [{CHECKPOINT}]" in sections["Intended use and limits"]
+    assert f"License: that of the published model it started from, [{CHECKPOINT}]" in sections["Intended use and limits"]
     assert "from transformers" not in sections["How to use"]
     assert TextClassifier.load(tmp_path / "sst2").predict(["I loved it"])[0] in TINY_LABELS
 
-    # a local checkpoint folder is no hub model: no base_model, and still not the project's license
+    # a local model folder is no hub model: no base_model, and still not the project's license
     default_params["init"] = "../shared/models/all-MiniLM-L6-v2"
     local = load_params(write_params(tmp_path / "local.yaml", default_params))
     save_model_folder(objective, tokenizer, tmp_path / "local", "pretrain", local, {**kept, "init": local.init})
     front, _, sections = read_card(tmp_path / "local")
     assert "base_model" not in front and "license" not in front
-    assert "that of the checkpoint it started from, `../shared/models/all-MiniLM-L6-v2`" in sections[
+    assert "that of the published model it started from, `../shared/models/all-MiniLM-L6-v2`" in sections[
         "Intended use and limits"]
 
 

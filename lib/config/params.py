@@ -69,7 +69,7 @@ class DataConfig:
     # a folder of offline copies, one folder per dataset named as in data/raw (e.g. imdb, sst2,
     # wikipedia_en), relative to the project root; null = always the hub
     mirror: str | None = "../shared/data"
-    # offline copies of hub checkpoints for `init: hf:<org>/<name>`, one folder per <name>; null = the hub
+    # offline copies of hub models for `init: hf:<org>/<name>`, one folder per <name>; null = the hub
     models_mirror: str | None = "../shared/models"
 
 
@@ -436,7 +436,7 @@ class TrainConfig(OptimizerConfig):
 
 @dataclass
 class PretrainConfig(TrainConfig):
-    # with `init` set: keep passes the checkpoint on unchanged; continue pretrains it further on
+    # with `init` set: keep passes the published model on unchanged; continue pretrains it further on
     # corpora.pretrain with the objective that fits it (lib.objectives.fitting_objective)
     with_init: Literal["keep", "continue"] = "keep"
 
@@ -570,10 +570,10 @@ class FinetuneConfig(OptimizerConfig):
                 raise ParamsError(f"{where}: expected a mapping of {key}.{name}'s keys, got {_describe(value)}")
             section = build(hints[name], {**dataclasses.asdict(getattr(self, name)), **value}, where)
             self.with_init[name] = {str(k): getattr(section, str(k)) for k in value}
-        self.from_checkpoint().check(f"{key}.with_init")
+        self.with_init_applied().check(f"{key}.with_init")
 
-    def from_checkpoint(self) -> FinetuneConfig:
-        """This config with with_init's values in place: what finetuning a published checkpoint uses."""
+    def with_init_applied(self) -> FinetuneConfig:
+        """This config with with_init's values in place: what finetuning a published model uses."""
         return dataclasses.replace(self, **{
             name: dataclasses.replace(getattr(self, name), **value) if dataclasses.is_dataclass(getattr(self, name))
             else value for name, value in self.with_init.items()})
@@ -714,7 +714,7 @@ class Params:
     seed: int = 1337
     device: Literal["auto", "cpu", "cuda"] = "auto"
     objective: str = "mlm"  # a pretraining objective of lib/objectives
-    # a published checkpoint to start from (lib/models/hf.py): a folder in Hugging Face layout (relative to the
+    # a published model to start from (lib/models/hf.py): a folder in Hugging Face layout (relative to the
     # project root) or hf:<repo id>[@revision]; null = train the tokenizer and pretrain from scratch
     init: str | None = None
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -778,13 +778,13 @@ class Params:
 
     def validate(self, key: str) -> None:
         if self.init is not None and not self.init.removeprefix(HUB_PREFIX).partition("@")[0].strip("/ "):
-            raise ParamsError(f"init: '{self.init}' names no checkpoint; write a folder, hf:<org>/<name>[@revision] "
+            raise ParamsError(f"init: '{self.init}' names no published model; write a folder, hf:<org>/<name>[@revision] "
                               "or null (pretrain from scratch)")
         for name in self.tasks:
             check_folder_name(name, "tasks", "task")
         self.check_languages()
         if self.init is not None:  # every stage and the tracked params see the values finetuning uses
-            self.finetune = self.finetune.from_checkpoint()
+            self.finetune = self.finetune.with_init_applied()
         for name in ("pretrain", "adapt"):
             seq_len = getattr(self, name).seq_len
             if seq_len > self.model.max_positions:

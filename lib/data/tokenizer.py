@@ -218,7 +218,7 @@ def save(tokenizer: Tokenizer, cfg: TokenizerConfig, text: TrainingText, out_dir
 
 def write_folder(tokenizer: Tokenizer, named: dict[str, str], out_dir: Path, meta: dict[str, Any]) -> None:
     """tokenizer.json, the two transformers config files and tokenizer_meta.json (`meta` + vocabulary
-    size + each role's token and id), for a tokenizer trained here or taken from a checkpoint.
+    size + each role's token and id), for a tokenizer trained here or taken from a published model.
     `named`: role (ROLES) -> its special token."""
     tokenizer.save(str(out_dir / TOKENIZER_FILE))
     hf_specials = {f"{role}_token": named[role] for role in ROLES}

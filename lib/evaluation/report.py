@@ -121,7 +121,7 @@ def starting_point(lm_metrics: dict[str, dict]) -> str:
     """Where the language model every classifier here was finetuned from started, and what followed."""
     pretrain, adapt = lm_metrics["pretrain"], lm_metrics["adapt"]
     if "init" in pretrain:
-        start = (f"the published checkpoint `{pretrain['init']}` ({pretrain['family']}), "
+        start = (f"the published model `{pretrain['init']}` ({pretrain['family']}), "
                  + ("kept as it is" if pretrain.get("kept") else
                     f"pretrained further with {pretrain['objective']} on {pretrain['tokens_seen']:,} tokens"))
     else:

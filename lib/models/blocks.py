@@ -6,7 +6,7 @@ per-head distance bias on the attention scores). Attention is torch's scaled_dot
 fused kernels are used where they apply. It attends over its own input or, given a `context`, from its
 input's queries to another sequence's keys and values: XLNet's query stream reads the content stream
 so today (lib/objectives/plm.py), and an encoder-decoder's cross-attention will read the encoder's output so.
-The names of the modules here are the state_dict's, which model folders and checkpoint families
+The names of the modules here are the state_dict's, which model folders and model families
 (lib/models/families/) name: renaming one changes every saved model.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The model's config: params.yaml's model section plus what the tokenizer, the objective and a checkpoint decide.
+"""The model's config: params.yaml's model section plus what the tokenizer, the objective and a published model decide.
 
 Every architecture (lib/models/architectures/) is built from one, and the blocks it is made of
 (lib/models/blocks.py) read their sizes and options from it. A model folder stores it as config.json
@@ -32,10 +32,10 @@ class TransformerConfig(ModelConfig):
     vocab_size: int
     causal: bool = False  # causal attention (the decoder architecture) or bidirectional (the encoder)
     activation: str = "gelu"  # of the feed-forward layers and the LM head: gelu (exact) | gelu_tanh
-    norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT's checkpoints use 1e-12)
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon (BERT's published models use 1e-12)
     embedding_norm: bool = True  # LayerNorm after the embeddings (BERT); GPT-2 has none
     position_offset: int = 0  # learned positions start at this row (RoBERTa: padding_idx + 1 = 2)
-    pooler: bool = False  # BERT's pooler (dense + tanh on the [CLS] state), kept when a checkpoint has one
+    pooler: bool = False  # BERT's pooler (dense + tanh on the [CLS] state), kept when a published model has one
 
     def __post_init__(self):
         # params.yaml is checked with key names when it is loaded; this catches configs built in code

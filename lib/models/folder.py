@@ -1,9 +1,9 @@
-"""Model folders: the one module that reads and writes them (a stage's output, a published checkpoint).
+"""Model folders: the one module that reads and writes them (a stage's output, a published model).
 
 A folder holds `config.json` and `model.safetensors`. A model that a transformers architecture computes
 exactly is written in that architecture's layout (lib/models/hf.py), with our own config kept under
 EXPORT_KEY, so the folder loads in transformers too; any other model in this module's own layout (the
-dataclass fields of TransformerConfig). A published checkpoint (a config.json with a `model_type`) is
+dataclass fields of TransformerConfig). A published model (a config.json with a `model_type`) is
 imported through lib/models/hf.py.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | 
 
 def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
     """Rebuild the model from config.json and load its weights strictly; returned in eval mode
-    (call .train() to train it). Also a published Hugging Face checkpoint (BERT, RoBERTa, DistilBERT,
+    (call .train() to train it). Also a published Hugging Face model (BERT, RoBERTa, DistilBERT,
     ELECTRA, GPT-2, RoBERTa-PreLayerNorm), through lib.models.hf, with transformers' hidden states."""
     model_dir = Path(model_dir)
     config = read_config_json(model_dir)
@@ -65,10 +65,10 @@ def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transform
 
 
 def read_config(model_dir: Path) -> TransformerConfig:
-    """The config of a model folder save_model wrote (or of a published checkpoint)."""
+    """The config of a model folder save_model wrote (or of a published model)."""
     config = read_config_json(model_dir)
     if "model_type" in config and EXPORT_KEY not in config:
-        return load_model(model_dir).cfg  # a published checkpoint: its weights tell whether it has a pooler
+        return load_model(model_dir).cfg  # a published model: its weights tell whether it has a pooler
     try:
         return TransformerConfig(**config.get(EXPORT_KEY, config))
     except (ValueError, TypeError) as err:  # unknown/invalid fields
@@ -82,7 +82,7 @@ def read_config_json(model_dir: Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:  # missing, not JSON
         raise UserError(f"{path}: cannot read the model config ({one_line(err)}); "
-                        "point at a model folder the pipeline wrote, or a Hugging Face checkpoint") from None
+                        "point at a model folder the pipeline wrote, or a Hugging Face model") from None
     if not isinstance(config, dict):
         raise UserError(f"{path}: not a model config (a JSON object)")
     return config

@@ -1,14 +1,14 @@
-"""Published checkpoints in Hugging Face layout, read exactly into the models of lib/models/architectures/.
+"""Published models in Hugging Face layout, read exactly into the models of lib/models/architectures/.
 
-A checkpoint is a folder with `config.json` (its `model_type` names the family), `model.safetensors`
+A published model is a folder with `config.json` (its `model_type` names the family), `model.safetensors`
 or `pytorch_model.bin` (read with torch's weights-only unpickler: tensors, never code) and the fast
 tokenizer's `tokenizer.json`; or `hf:<repo id>[@revision]`, downloaded once through huggingface_hub
 into its cache (or taken from `data.models_mirror/<name>` when that folder exists, the way datasets
 come from `data.mirror`).
 
 Each family (lib/models/families/, one module each) maps its config onto the Transformer's fields and
-its tensor names onto ours; this module reads and writes checkpoints from those descriptions alone.
-The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the checkpoint lacks
+its tensor names onto ours; this module reads and writes published models from those descriptions alone.
+The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the published model lacks
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
 
 The same tables export: lib.models.folder.save_model writes a model as the family that computes exactly what
@@ -51,11 +51,11 @@ REPO_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 class ImportedModel:
     model: Transformer
     family: str  # its name
-    fresh: list[str]  # our tensor names the checkpoint did not have (initialised fresh)
-    unused: dict[str, torch.Tensor]  # checkpoint tensors not mapped into the model (heads of other tasks), by name
+    fresh: list[str]  # our tensor names the published model did not have (initialised fresh)
+    unused: dict[str, torch.Tensor]  # the published model's tensors not mapped into the model (heads of other tasks), by name
 
     def discriminator_head(self) -> dict[str, torch.Tensor]:
-        """The checkpoint's replaced-token detection head (an ELECTRA discriminator's), under the names of
+        """The published model's replaced-token detection head (an ELECTRA discriminator's), under the names of
         lib.objectives.electra.DiscriminatorHead (the same as transformers'); {} if it has none."""
         prefix = FAMILIES[self.family].detector_head
         return {k.removeprefix(prefix): v for k, v in self.unused.items() if prefix and k.startswith(prefix)}
@@ -67,7 +67,7 @@ def resolve(spec: str, root: Path, mirror: str | None, key: str = "init") -> Pat
     if not spec.startswith(HUB_PREFIX):
         folder = root / spec
         if not folder.is_dir():
-            raise UserError(f"{key}: '{spec}' is not a folder (from {root}); name a checkpoint folder in Hugging Face "
+            raise UserError(f"{key}: '{spec}' is not a folder (from {root}); name a model folder in Hugging Face "
                             "layout or a hub model as hf:<repo id>[@revision]")
         return folder
     repo, _, revision = spec[len(HUB_PREFIX):].partition("@")
@@ -86,13 +86,13 @@ def resolve(spec: str, root: Path, mirror: str | None, key: str = "init") -> Pat
 
 
 def read_config(folder: Path) -> tuple[TransformerConfig, Family]:
-    """(the Transformer's config, the family) from a checkpoint's config.json."""
+    """(the Transformer's config, the family) from a published model's config.json."""
     path = Path(folder) / CONFIG_FILE
     try:
         hf = json.loads(path.read_text(encoding="utf-8"))
         name = hf["model_type"]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{path}: not a Hugging Face model config ({describe(err)}); point at a checkpoint folder "
+        raise UserError(f"{path}: not a Hugging Face model config ({describe(err)}); point at a model folder "
                         "with config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json") from None
     if name not in FAMILIES:
         raise UserError(f"{path}: model_type '{name}' is not supported; supported: {', '.join(FAMILIES)}")
@@ -103,7 +103,7 @@ def read_config(folder: Path) -> tuple[TransformerConfig, Family]:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors: model.safetensors, else pytorch_model.bin as a plain state dict."""
+    """The published model's tensors: model.safetensors, else pytorch_model.bin as a plain state dict."""
     folder = Path(folder)
     if (folder / SAFETENSORS_FILE).is_file():
         return read_safetensors(folder / SAFETENSORS_FILE)
@@ -117,11 +117,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             raise UserError(f"{folder / PICKLE_FILE}: not a plain state dict of tensors; "
                             "convert it to model.safetensors with the code that wrote it")
         return state
-    raise UserError(f"{folder}: no {SAFETENSORS_FILE} or {PICKLE_FILE}; a sharded checkpoint is not supported")
+    raise UserError(f"{folder}: no {SAFETENSORS_FILE} or {PICKLE_FILE}; a sharded model is not supported")
 
 
 def import_model(folder: Path) -> ImportedModel:
-    """The checkpoint in `folder` as a Transformer in eval mode, its hidden states those of
+    """The published model in `folder` as a Transformer in eval mode, its hidden states those of
     transformers' AutoModel on the same folder."""
     cfg, family = read_config(folder)
     theirs = read_weights(folder)
@@ -134,7 +134,7 @@ def import_model(folder: Path) -> ImportedModel:
 
 
 def load_tensors(model: Transformer, family: Family, theirs: dict[str, torch.Tensor], folder: Path) -> ImportedModel:
-    """Load a `family` checkpoint's tensors into `model` (its LM head fresh where they have none)."""
+    """Load a `family` model's tensors into `model` (its LM head fresh where they have none)."""
     cfg = model.cfg
     theirs = {modern_name(k): v for k, v in theirs.items()}
     base = family.base if any(k.startswith(family.base) for k in theirs) else ""
@@ -174,7 +174,7 @@ def modern_name(key: str) -> str:
 
 def tensor_keys(cfg: TransformerConfig, family: Family, base: str, head: dict[str, str],
                 ours: dict[str, torch.Tensor]) -> dict[str, list[str]]:
-    """Each of our tensors -> its checkpoint tensors (several: q, k and v, concatenated along dim 0)."""
+    """Each of our tensors -> its tensors in the published model (several: q, k and v, concatenated along dim 0)."""
     names: dict[str, Any] = {k: f"{base}{v}" for k, v in family.top.items()}
 
     def layer_name(i: int, name: str) -> str:
@@ -278,7 +278,7 @@ def fit_rows(tensor: torch.Tensor, like: torch.Tensor, name: str, folder: Path) 
 
 
 def import_tokenizer(folder: Path, vocab_size: int) -> tuple[Tokenizer, dict[str, str], bool]:
-    """(the checkpoint's fast tokenizer without padding or truncation, role -> special token for
+    """(the published model's fast tokenizer without padding or truncation, role -> special token for
     pad/unk/bos/eos/mask, lowercase). GPT-2-style tokenizers with one special token use it for every role."""
     folder = Path(folder)
     path = folder / TOKENIZER_FILE
@@ -289,7 +289,7 @@ def import_tokenizer(folder: Path, vocab_size: int) -> tuple[Tokenizer, dict[str
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises plain Exceptions on malformed files
         raise UserError(f"{path}: not a tokenizers file ({describe(err)})") from None
-    tokenizer.no_padding()  # a checkpoint's own (sentence-transformers pads to 128) would miscount every length
+    tokenizer.no_padding()  # a published model's own (sentence-transformers pads to 128) would miscount every length
     tokenizer.no_truncation()
     if tokenizer.get_vocab_size() > vocab_size:
         raise UserError(f"{path}: {tokenizer.get_vocab_size()} tokens, but the model has {vocab_size} embeddings; "
@@ -326,20 +326,20 @@ def describe_import(imported: ImportedModel, spec: str) -> str:
     line = (f"init: {spec}: a {imported.family} with {imported.model.num_params():,} parameters "
             f"({imported.model.cfg.n_layers} layers, width {imported.model.cfg.d_model})")
     if imported.fresh:
-        line += f"; no {', '.join(sorted({k.rsplit('.', 1)[0] for k in imported.fresh}))} in the checkpoint: initialised fresh"
+        line += f"; no {', '.join(sorted({k.rsplit('.', 1)[0] for k in imported.fresh}))} in the published model: initialised fresh"
     if imported.unused:
         line += f"; {len(imported.unused)} tensors not used (e.g. {next(iter(imported.unused))})"
     return line
 
 
 def init_folder(params: Params) -> Path:
-    """The local folder of the published checkpoint params.init names (downloaded, or taken from the mirror,
+    """The local folder of the published model params.init names (downloaded, or taken from the mirror,
     when it is a hub id)."""
     return resolve(params.init, project_root(), params.data.models_mirror)
 
 
 def save_tokenizer(folder: Path, spec: str, out_dir: Path) -> Tokenizer:
-    """The checkpoint's tokenizer as a tokenizer folder of this pipeline (lib.data.tokenizer.write_folder),
+    """The published model's tokenizer as a tokenizer folder of this pipeline (lib.data.tokenizer.write_folder),
     written whole or not at all; returns it."""
     cfg, family = read_config(folder)
     tokenizer, roles, lowercase = import_tokenizer(folder, cfg.vocab_size)

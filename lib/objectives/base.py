@@ -69,7 +69,7 @@ class Objective(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.special_ids = dict(special_ids)
-        # the backbone's shape: params.yaml's model section, or a checkpoint's (init)
+        # the backbone's shape: params.yaml's model section, or a published model's (init)
         self.arch = arch or TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
         if self.arch.causal != self.causal:
             raise UserError(f"objective: {self.name} needs a {'causal' if self.causal else 'bidirectional'} model; "
@@ -94,8 +94,8 @@ class Objective(nn.Module):
         return self.backbone().flops_per_token(seq_len)
 
     def start_from(self, imported: ImportedModel) -> None:
-        """Take a published checkpoint's weights: its model as the backbone (an objective with parts of
-        its own that a checkpoint may carry loads those too)."""
+        """Take a published model's weights: its model as the backbone (an objective with parts of
+        its own that a published model may carry loads those too)."""
         self.backbone().load_state_dict(imported.model.state_dict())
 
 
@@ -111,8 +111,8 @@ def register(cls: type[Objective]) -> type[Objective]:
 
 
 def fitting_objective(name: str, arch: TransformerConfig) -> str:
-    """`name` if it trains a model shaped like `arch` (a checkpoint's), else the one that does: clm for
-    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional checkpoint)."""
+    """`name` if it trains a model shaped like `arch` (a published model's), else the one that does: clm for
+    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional model)."""
     if OBJECTIVES[name].causal == arch.causal:
         return name
     return "clm" if arch.causal else "mlm"

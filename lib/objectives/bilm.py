@@ -72,7 +72,7 @@ class BidirectionalLM(Objective):
         return self.forward_stack.flops_per_token(seq_len) + self.backward_stack.flops_per_token(seq_len)
 
     def start_from(self, imported: ImportedModel) -> None:
-        """A causal checkpoint (GPT-2) is the forward stack, embeddings and LM head; no published one has a
+        """A published causal model (GPT-2) is the forward stack, embeddings and LM head; no published one has a
         backward stack."""
         super().start_from(imported)
-        print("bilm: the backward stack starts fresh (the checkpoint has none)", flush=True)
+        print("bilm: the backward stack starts fresh (the published model has none)", flush=True)

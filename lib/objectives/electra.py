@@ -106,13 +106,13 @@ class Electra(Objective):
         return generator + discriminator + 6.0 * matmul_weights(self.disc_head)
 
     def start_from(self, imported: ImportedModel) -> None:
-        """A discriminator checkpoint also brings its replaced-token head; none brings a generator."""
+        """A published discriminator also brings its replaced-token head; none brings a generator."""
         super().start_from(imported)
         head = imported.discriminator_head()
         if head:
             self.disc_head.load_state_dict(head)
         fresh = "the generator starts" if head else "the generator and the replaced-token head start"
-        print(f"electra: {fresh} fresh (the checkpoint has {'no generator' if head else 'neither'})", flush=True)
+        print(f"electra: {fresh} fresh (the published model has {'no generator' if head else 'neither'})", flush=True)
 
 
 class DiscriminatorHead(nn.Module):

@@ -9,7 +9,7 @@ into place (lib.core.io.atomic_dir), and takes the rows of the stages before it 
 folder its model started from (`upstream`), so a student's card tells its whole chain.
 
 huggingface_hub's ModelCardData writes the front matter in the hub's schema: license, library_name
-(where the folder loads in transformers), base_model (the published checkpoint params `init` named),
+(where the folder loads in transformers), base_model (the published model params `init` named),
 datasets (the chain's hub datasets), tags, pipeline_tag, and model-index (scores on the evaluation split).
 
 A card holds no date: a stage run again with the same code, params and results writes the same bytes,
@@ -56,11 +56,11 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     `upstream`: the folder the model's weights started from (the stage's input model), whose card's
     chain and datasets this one carries on; None where they started random."""
     before = ModelCard.load(upstream / CARD_FILE) if upstream and (upstream / CARD_FILE).is_file() else None
-    # where the chain's weights started: random (the project's license) or the checkpoint params `init` names
+    # where the chain's weights started: random (the project's license) or the published model params `init` names
     # (its license, None here; base_model where it is a published one), as the upstream card says
-    checkpoint = stage == "pretrain" and params.init is not None
-    base_model = before.data.base_model if before else _checkpoint(params) if checkpoint else None
-    license = before.data.license if before else None if checkpoint else LICENSE
+    from_init = stage == "pretrain" and params.init is not None
+    base_model = before.data.base_model if before else _published_base(params) if from_init else None
+    license = before.data.license if before else None if from_init else LICENSE
     task = measured.get("task")
     cfg, cls = read_config(folder), transformers_class(folder)
     loads = cls is not None and (task is None or _hub_task(cls, True) is not None)  # as the model it is
@@ -105,8 +105,8 @@ def _role(stage: str) -> str:
     return "student" if stage == "distill" else "teacher"
 
 
-def _checkpoint(params: Params) -> str | None:
-    """The hub repo of the published checkpoint params `init` names (a local folder is none)."""
+def _published_base(params: Params) -> str | None:
+    """The hub repo of the published model params `init` names (a local folder is none)."""
     return parse_hub(params.init, "init").repo if params.init and params.init.startswith(HUB_PREFIX) else None
 
 
@@ -116,7 +116,7 @@ def _datasets(stage: str, params: Params, task: str | None) -> list[str]:
         source = params.tasks[task].source
     elif stage == "adapt":
         source = params.corpora.domain.source
-    else:  # a checkpoint pretrain keeps as it is read none
+    else:  # a published model pretrain keeps as it is read none
         source = None if params.init and params.pretrain.with_init == "keep" else params.corpora.pretrain.source
     return [parse_hub(source, "source").repo] if source and source.startswith(HUB_PREFIX) else []
 
@@ -139,7 +139,7 @@ def _corpus(corpus: CorpusConfig) -> str:
 def _training_row(stage: str, params: Params, m: dict[str, Any], upstream: Path | None) -> list[str]:
     """What `stage` did to make this model, and on which data."""
     if m.get("kept"):
-        return [stage, f"took the published checkpoint `{m['init']}` ({m['family']}) as it is",
+        return [stage, f"took the published model `{m['init']}` ({m['family']}) as it is",
                 "its own (see its card)"]
     if stage in ("pretrain", "adapt"):
         corpus, cfg = ((params.corpora.pretrain, params.pretrain) if stage == "pretrain" else
@@ -206,7 +206,7 @@ def _title(stage: str, params: Params, m: dict[str, Any]) -> str:
         made = ("finetuned by" if stage == "finetune" else f"distilled from the `{m['teacher']['variant']}` teacher by")
         return (f"# {m['task']} {_role(stage)} ({m['type']})\n\nA {m['type']} model for {what}, {made} {PIPELINE} "
                 f"(a DVC pipeline; see Provenance).{labels}")
-    start = f"the published checkpoint `{params.init}`" if params.init else "random weights"
+    start = f"the published model `{params.init}`" if params.init else "random weights"
     what = "pretrained" if stage == "pretrain" else "adapted to the domain"
     return (f"# {m['objective']} language model, {what}\n\nA language model {what} by {PIPELINE} (a DVC pipeline; "
             f"see Provenance) from {start}, for its later stages to finetune.")
@@ -246,7 +246,7 @@ def _model_section(cfg: TransformerConfig, m: dict[str, Any], cls: str | None, l
 def _evaluation(stage: str, params: Params, m: dict[str, Any]) -> str:
     if not m.get("task"):
         if m.get("kept"):
-            return "Not measured here: the checkpoint went on unchanged (see its own card)."
+            return "Not measured here: the published model went on unchanged (see its own card)."
         corpus, cfg = ((params.corpora.pretrain, params.pretrain) if stage == "pretrain" else
                        (params.corpora.domain, params.adapt))
         split = f"validation ({f'`{corpus.valid_split}`' if corpus.valid_split else 'held out of train by hash'})"
@@ -302,9 +302,9 @@ def _how_to_use(m: dict[str, Any], cls: str | None) -> str:
     return where + "\n\n" + "\n\n".join(f"```python\n{block}\n```" for block in blocks)
 
 
-def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_checkpoint: bool,
+def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_init: bool,
             languages: list[str]) -> str:
-    data = "its checkpoint's data and " if from_checkpoint else ""
+    data = "its published model's data and " if from_init else ""
     labels = " and of its labels" if m.get("task") else ""
     lines = [f"- A demonstration model ({m['params']:,} parameters, trained within the budget params set, which by "
              "default fits a 2-core CPU): for research and teaching, and for comparing training recipes. Not for "
@@ -324,9 +324,9 @@ def _limits(params: Params, m: dict[str, Any], base_model: str | None, from_chec
             lines.append(f"- {' '.join(task.data_note.split())}")
     else:
         lines.append("- A language model, not a classifier or an assistant: finetune it for a task first.")
-    if from_checkpoint:
+    if from_init:
         start = f"[{base_model}](https://huggingface.co/{base_model})" if base_model else f"`{params.init}`"
-        lines.append(f"- License: that of the checkpoint it started from, {start}.")
+        lines.append(f"- License: that of the published model it started from, {start}.")
     return "\n".join(lines)
 
 

@@ -108,9 +108,9 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     return metrics
 
 
-def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Objective, ImportedModel]:
-    """(the objective that fits params.init's checkpoint, its backbone holding the checkpoint's weights;
-    the import, for what it did not have). The tokenizer folder must be the checkpoint's."""
+def objective_from_init(params: Params, tokenizer_dir: Path) -> tuple[Objective, ImportedModel]:
+    """(the objective that fits params.init's published model, its backbone holding the published model's weights;
+    the import, for what it did not have). The tokenizer folder must be the published model's."""
     made_for = read_meta(tokenizer_dir).get("init")
     if made_for != params.init:
         raise UserError(f"{tokenizer_dir}: made for init {made_for}, not {params.init}; rerun the tokenizer stage")
@@ -118,7 +118,7 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
     print(describe_import(imported, params.init), flush=True)
     name = fitting_objective(params.objective, imported.model.cfg)
     if name != params.objective:
-        print(f"objective: {params.objective} does not fit a {imported.family} checkpoint; training it with {name}",
+        print(f"objective: {params.objective} does not fit a {imported.family} model; training it with {name}",
               flush=True)
     arch = imported.model.cfg
     objective = build_objective(name, params, arch.vocab_size, saved_special_ids(tokenizer_dir), arch)
@@ -126,8 +126,8 @@ def objective_from_checkpoint(params: Params, tokenizer_dir: Path) -> tuple[Obje
     return objective, imported
 
 
-def keep_checkpoint(params: Params, objective: Objective, imported: ImportedModel, paths: LMPaths, run: Any) -> None:
-    """pretrain.with_init keep: the checkpoint goes on as the pretrained model, with no curves."""
+def keep_published_model(params: Params, objective: Objective, imported: ImportedModel, paths: LMPaths, run: Any) -> None:
+    """pretrain.with_init keep: the published model goes on as the pretrained model, with no curves."""
     metrics = {"init": params.init, "family": imported.family, "kept": True, "steps": 0, "objective": objective.name,
                "params": objective.backbone().num_params(), "fresh": sorted(imported.fresh)}
     save_model_folder(objective, paths.tokenizer, paths.out, "pretrain", params, metrics)

@@ -3,7 +3,7 @@
 One stack covers GPT-2 (causal, pre-LN), BERT (bidirectional, post-LN, segments) and ALBERT (factorised
 embeddings, one shared block). The config's fields beyond params.yaml's model section (activation,
 LayerNorm eps, an embedding LayerNorm or none, RoBERTa's position offset, BERT's pooler) let a published
-BERT, RoBERTa, DistilBERT, ELECTRA, GPT-2, ESM or XLM checkpoint load exactly (lib/models/hf.py). The
+BERT, RoBERTa, DistilBERT, ELECTRA, GPT-2, ESM or XLM model load exactly (lib/models/hf.py). The
 architectures subclass it (encoder.py, decoder.py) and differ in their attention's mask alone.
 """
 from __future__ import annotations

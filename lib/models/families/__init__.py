@@ -1,4 +1,4 @@
-"""Checkpoint families by name (config.json's model_type): one module each, a Family subclass and its
+"""Model families by name (config.json's model_type): one module each, a Family subclass and its
 FAMILY (lib/models/families/base.py says what a family describes). Adding one is its module, its entry
 below and its test in tests/test_hf.py; no other file names a family (tests/test_layout.py fails on a
 family's name as a string outside its module)."""

@@ -1,7 +1,7 @@
-"""What a checkpoint family is to the pipeline: how its config.json maps onto TransformerConfig and back,
+"""What a model family is to the pipeline: how its config.json maps onto TransformerConfig and back,
 its tensor names, its transformers classes per task model, its head details, and which models of ours
 it computes exactly (so that they are written in its layout). One subclass per family in this package;
-lib/models/hf.py reads and writes checkpoints from these descriptions alone.
+lib/models/hf.py reads and writes published models from these descriptions alone.
 """
 from __future__ import annotations
 
@@ -55,12 +55,12 @@ class TaskClass:
 
 
 class Family:
-    """A checkpoint family (config.json's model_type). Tensor names: ours <- theirs, `{i}` a layer; a
+    """A model family (config.json's model_type). Tensor names: ours <- theirs, `{i}` a layer; a
     tuple of theirs is concatenated along dim 0 (q, k, v)."""
 
     name: str  # transformers' model_type
     title: str  # how prose names it
-    base: str  # the base model's prefix in task checkpoints (BertForMaskedLM's "bert."); absent in a bare model
+    base: str  # the base model's prefix in task models (BertForMaskedLM's "bert."); absent in a bare model
     layers: str  # the blocks' prefix, before the layer index ("": the names place the index, `{i}`)
     layer: dict[str, Any]
     top: dict[str, str]  # embeddings, projection, pooler and final norm, relative to the base prefix
@@ -69,7 +69,7 @@ class Family:
     decoder_bias = True  # the LM decoder has a bias of its own (zeros where ours has none)
     positions_after_padding = False  # real tokens' positions are numbered from padding_idx + 1
     projects_embeddings = False  # its embeddings may be narrower than the layers, projected up (embedding_size)
-    detector_head = ""  # the prefix of a replaced-token detection head in its checkpoints ("": none)
+    detector_head = ""  # the prefix of a replaced-token detection head in its published models ("": none)
     # transformers classes with the LM head: (bidirectional, causal); None: none
     lm_classes: tuple[str | None, str | None] = (None, None)
     task_models: dict[str, TaskClass] = {}  # by shape (SEQUENCE_CLASSIFICATION, ...)

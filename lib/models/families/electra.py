@@ -1,5 +1,5 @@
 """ELECTRA: BERT's layers, its smaller embeddings projected up (`embedding_size`), the generator's
-masked-LM head `generator_predictions`, a GELU classification head; a discriminator checkpoint's
+masked-LM head `generator_predictions`, a GELU classification head; a published discriminator's
 replaced-token detection head is kept aside (ImportedModel.discriminator_head). Exported bidirectional only."""
 from __future__ import annotations
 

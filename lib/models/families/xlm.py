@@ -1,6 +1,6 @@
 """XLM: post-LN, learned positions, language embeddings, the FFN 4x wide, the decoder alone as its LM head
 (with a bias, zero in what we export); read back from folders this pipeline exported (XLM's own
-checkpoints have no fast tokenizer). transformers' one family with language embeddings: every model of
+published models have no fast tokenizer). transformers' one family with language embeddings: every model of
 ours with languages is its to export, and it has one shape of its own."""
 from __future__ import annotations
 
