@@ -54,6 +54,13 @@ def test_zero_shot_with_a_label_word_per_class_is_scored(three_class_task, monke
     assert "zero_shot" in result.splits["validation"].scores and result.note is None
 
 
+def test_a_type_without_a_baseline_gets_no_baseline_rows_and_says_so(three_class_task, monkeypatch):
+    monkeypatch.setattr(lib.evaluation.evaluate, "Baselined", type("Capability", (), {}))  # that no type declares
+    result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
+    assert list(result.splits["validation"].scores) == ["zero_shot"] and result.extras == {}
+    assert result.note == "classification tasks have no train-only baseline so far: none was scored."
+
+
 def test_an_unlabeled_evaluation_split_is_noted_not_scored(three_class_task, tmp_path, monkeypatch):
     write_jsonl_gz(tmp_path / "toy" / "test_unlabeled.jsonl.gz", [{"text": "a film", "label": -1}] * 5)
     three_class_task.eval_splits = ["validation", "test_unlabeled"]
