@@ -33,8 +33,9 @@ class SplitEvaluation:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SplitEvaluation:
         known = {"examples", "train_examples", "full_train_examples", "scores"}
-        return cls(data["examples"], data["train_examples"], data["full_train_examples"], data["scores"],
-                   {k: v for k, v in data.items() if k not in known})
+        return cls(examples=data["examples"], train_examples=data["train_examples"],
+                   full_train_examples=data["full_train_examples"], scores=data["scores"],
+                   extras={k: v for k, v in data.items() if k not in known})
 
 
 @dataclass
@@ -100,8 +101,9 @@ class TaskEvaluation:
         fields = {"type", "metric", "metrics", "splits", "language", "transfer_from", "teacher", "data", "note",
                   "timed", "efficiency", "onnx", "retained", "speedup"}
         retention = Retention(data["retained"], data["speedup"]) if "speedup" in data else None
-        return cls(data["type"], data["metric"], data["metrics"],
-                   {name: SplitEvaluation.from_json(split) for name, split in data["splits"].items()},
-                   data.get("language"), data.get("transfer_from"), data.get("teacher"), data.get("data"),
-                   {k: v for k, v in data.items() if k not in fields}, None, data.get("note"), data.get("timed"),
-                   data.get("efficiency", {}), data.get("onnx"), retention)
+        return cls(type=data["type"], metric=data["metric"], metrics=data["metrics"],
+                   splits={name: SplitEvaluation.from_json(split) for name, split in data["splits"].items()},
+                   language=data.get("language"), transfer_from=data.get("transfer_from"), teacher=data.get("teacher"),
+                   data=data.get("data"), extras={k: v for k, v in data.items() if k not in fields},
+                   note=data.get("note"), timed=data.get("timed"), efficiency=data.get("efficiency", {}),
+                   onnx=data.get("onnx"), retention=retention)
