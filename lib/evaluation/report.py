@@ -147,9 +147,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-
-def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: Mapping[str, Shown], warnings: list[str] = (),
-             provenance: dict[str, str] | None = None) -> str:
+def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: Mapping[str, Shown],
+             warnings: list[str] = (), provenance: dict[str, str] | None = None) -> str:
     about = [f"- {label}: {value}" for label, value in (provenance or {}).items()]
     lines = ["# Evaluation summary", "", *about, *([""] if about else []),
              *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
