@@ -36,6 +36,7 @@ from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
 from lib.evaluation.report import describe_provenance, starting_point, write_plots, write_report
+from lib.evaluation.result import TaskEvaluation
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
@@ -84,11 +85,11 @@ def main() -> None:
                                 dev, metric)
 
 
-def pyfunc_models(results: dict, teachers: Path, students: Path) -> list[tuple[Path, str, str]]:
+def pyfunc_models(results: dict[str, TaskEvaluation], teachers: Path, students: Path) -> list[tuple[Path, str, str]]:
     """(folder, artifact name, the task's main metric) of each teacher and student logged as an MLflow pyfunc
     model and registered: those of the tasks whose type lib.serving.predict serves."""
-    return [(folder / name, f"{name}-{role}", r["metric"]) for name, r in results.items()
-            if TYPES[r["type"]].served
+    return [(folder / name, f"{name}-{role}", r.metric) for name, r in results.items()
+            if TYPES[r.type].served
             for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 
 
@@ -99,9 +100,9 @@ def read_json(path: Path) -> dict:
         raise UserError(f"{path}: cannot read it ({err}); run the stage that writes it first (dvc repro)") from None
 
 
-def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str], args, run) -> None:
-    write_json(args.metrics, {name: {k: v for k, v in r.items() if k not in ("confusion", "label_names", "scatter")}
-                              for name, r in results.items()})
+def write_outputs(results: dict[str, TaskEvaluation], warnings: list[str], provenance: dict[str, str], args,
+                  run) -> None:
+    write_json(args.metrics, {name: r.to_json() for name, r in results.items()})
     with atomic_dir(args.plots) as tmp:
         write_plots(results, tmp)
     with atomic_dir(args.report) as tmp:
@@ -111,8 +112,8 @@ def write_outputs(results: dict, warnings: list[str], provenance: dict[str, str]
         for path in (args.metrics, args.plots, args.report):
             target.log_artifact(path, path.name if path.is_dir() else None)
     parent.log_metrics({f"{name}.{model}.{metric}": value for name, r in results.items()
-                        for model, s in r["splits"][next(iter(r["splits"]))]["scores"].items()
-                        for metric, value in s.items() if metric in r["metrics"]})
+                        for model, s in r.first_split.scores.items() for metric, value in s.items()
+                        if metric in r.metrics})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 
 from lib.config.params import ImplConfig, ParamsError, load_params
 from lib.evaluation.report import markdown
+from lib.evaluation.result import TaskEvaluation
 from lib.models.architectures import build_model
 from lib.models.config import TransformerConfig
 from lib.tasks import check_tasks
@@ -110,9 +111,9 @@ def test_the_report_has_a_column_per_language_with_the_drop():
     split = {"examples": 4, "train_examples": 10, "full_train_examples": 10}
 
     def result(language, scores, source=None):
-        return {"type": "regression", "metric": "spearman", "metrics": ["spearman"], "language": language,
-                "confusion": {}, "splits": {"test": {**split, "scores": scores}},
-                **({"transfer_from": source} if source else {})}
+        return TaskEvaluation.from_json({"type": "regression", "metric": "spearman", "metrics": ["spearman"],
+                                         "language": language, "splits": {"test": {**split, "scores": scores}},
+                                         "efficiency": {}, **({"transfer_from": source} if source else {})})
 
     results = {"stsb": result("en", {"teacher": {"spearman": 0.8}, "plain": {"spearman": 0.7},
                                      "tfidf_similarity": {"spearman": 0.5}}),

@@ -13,6 +13,7 @@ from lib.core import tracking
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.evaluation.evaluate import evaluate_task
 from lib.evaluation.report import describe_provenance, starting_point
+from lib.evaluation.result import TaskEvaluation
 from lib.tasks import TYPES, task_metrics
 from tests.helpers import tiny_tokenizer, write_jsonl_gz
 
@@ -28,7 +29,7 @@ def three_class_task(tmp_path) -> TaskConfig:
     return TaskConfig(source=str(tmp_path / "toy"))
 
 
-def evaluate_with_label_words(task: TaskConfig, label_words: list[str], monkeypatch) -> dict:
+def evaluate_with_label_words(task: TaskConfig, label_words: list[str], monkeypatch) -> TaskEvaluation:
     """evaluate_task's result for the task with a zero-shot prompt (scoring faked: the decision is tested)."""
     prompt = ZeroShotConfig(template="{text} It was", label_words=label_words)
     params = Params(corpora=None, tasks={"toy": task}, finetune=FinetuneConfig(tasks=["toy"]),
@@ -44,28 +45,35 @@ def test_zero_shot_with_fewer_label_words_than_classes_is_skipped_and_noted(thre
     result = evaluate_with_label_words(three_class_task, [" good", " bad"], monkeypatch)
     note = ("Zero-shot not scored: evaluate.zero_shot.toy.label_words has 2 words for 3 classes; give one word per "
             "class, in label order.")
-    assert "zero_shot" not in result["splits"]["validation"]["scores"]
-    assert result["note"] == note and f"toy: {note}" in capsys.readouterr().out.splitlines()
+    assert "zero_shot" not in result.splits["validation"].scores
+    assert result.note == note and f"toy: {note}" in capsys.readouterr().out.splitlines()
 
 
 def test_zero_shot_with_a_label_word_per_class_is_scored(three_class_task, monkeypatch):
     result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
-    assert "zero_shot" in result["splits"]["validation"]["scores"] and "note" not in result
+    assert "zero_shot" in result.splits["validation"].scores and result.note is None
+
+
+def test_a_type_without_a_baseline_gets_no_baseline_rows_and_says_so(three_class_task, monkeypatch):
+    monkeypatch.setattr(lib.evaluation.evaluate, "Baselined", type("Capability", (), {}))  # that no type declares
+    result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
+    assert list(result.splits["validation"].scores) == ["zero_shot"] and result.extras == {}
+    assert result.note == "classification tasks have no train-only baseline so far: none was scored."
 
 
 def test_an_unlabeled_evaluation_split_is_noted_not_scored(three_class_task, tmp_path, monkeypatch):
     write_jsonl_gz(tmp_path / "toy" / "test_unlabeled.jsonl.gz", [{"text": "a film", "label": -1}] * 5)
     three_class_task.eval_splits = ["validation", "test_unlabeled"]
     result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
-    assert set(result["splits"]) == {"validation"}
-    assert result["note"] == "Evaluated on validation: test_unlabeled has no labels."
+    assert set(result.splits) == {"validation"}
+    assert result.note == "Evaluated on validation: test_unlabeled has no labels."
 
 
 def test_a_task_without_models_still_writes_a_confusion_plot_and_a_report(three_class_task, monkeypatch, tmp_path):
     """The TF-IDF baseline's confusion matrix is there for every task: plots/evaluate/confusion is never an
     empty folder, which git would drop and DVC would then call a file of an unsupported format."""
     result = evaluate_with_label_words(three_class_task, [" good", " bad", " odd"], monkeypatch)
-    assert list(result["confusion"]) == ["tfidf"] and sum(map(sum, result["confusion"]["tfidf"])) == 12
+    assert list(result.extras["confusion"]) == ["tfidf"] and sum(map(sum, result.extras["confusion"]["tfidf"])) == 12
     args = SimpleNamespace(metrics=tmp_path / "evaluate.json", plots=tmp_path / "plots", report=tmp_path / "reports")
     stages.evaluate.write_outputs({"toy": result}, [], {"commit": "`c0ffee`"}, args, tracking.StageRun())
     assert [p.name for p in (args.plots / "confusion").iterdir()] == ["toy_tfidf.csv"]
@@ -116,13 +124,13 @@ def test_onnx_runtime_latency_and_the_int8_students_score_beside_pytorchs(three_
     result = evaluate_task("toy", three_class_task, models, None, None, lm, load_tokenizer(tmp_path / "tok"),
                            saved_special_ids(tmp_path / "tok"), params)
 
-    scores = result["splits"]["validation"]["scores"]
+    scores = result.splits["validation"].scores
     assert set(scores["student_int8"]) == set(scores["student"]) == {"accuracy"}
-    assert set(result["onnx"]) == {"teacher", "student", "student_int8"}
-    for role, figures in result["onnx"].items():
-        assert figures["cpu"]["threads"] == torch.get_num_threads() == result["efficiency"]["student"]["cpu"]["threads"]
+    assert set(result.onnx) == {"teacher", "student", "student_int8"}
+    for role, figures in result.onnx.items():
+        assert figures["cpu"]["threads"] == torch.get_num_threads() == result.efficiency["student"]["cpu"]["threads"]
         assert figures["cpu"]["seq_len"] == 12 and 0 < figures["cpu"]["p50_ms"] <= figures["cpu"]["p95_ms"]
-    assert result["onnx"]["student_int8"]["disk_bytes"] < result["onnx"]["student"]["disk_bytes"]
+    assert result.onnx["student_int8"]["disk_bytes"] < result.onnx["student"]["disk_bytes"]
 
 
 # The other task types (lib.evaluation.evaluate): a tiny task of each, a tiny teacher and student saved as finetune
@@ -213,32 +221,32 @@ def test_every_task_type_is_scored_with_its_metrics_baseline_size_and_latency(ta
     lm = SimpleNamespace(cfg=SimpleNamespace(causal=False))
     result = evaluate_task("toy", task_cfg, models, finetuned, {"toy": {}}, lm, load_tokenizer(models["teacher"]),
                            saved_special_ids(models["teacher"]), params)
-    assert list(result["splits"]) == ["validation"] and result["type"] == task_type
-    split = result["splits"]["validation"]
+    assert list(result.splits) == ["validation"] and result.type == task_type
+    split = result.splits["validation"]
     baseline = TYPES[task_type].baseline
-    assert list(split["scores"]) == ["teacher", "student", "plain", baseline, f"{baseline}_full_train"]
-    assert split["train_examples"] == 20 < split["full_train_examples"] and split["examples"] == 12
+    assert list(split.scores) == ["teacher", "student", "plain", baseline, f"{baseline}_full_train"]
+    assert split.train_examples == 20 < split.full_train_examples and split.examples == 12
     for model in ("teacher", "student", baseline):
-        assert set(split["scores"][model]) == set(task_metrics(task_cfg)) <= set(TYPES[task_type].metrics)
-    assert split["scores"]["plain"][task_metrics(task_cfg)[0]] == finetuned["variants"]["plain"]["eval"][task_metrics(task_cfg)[0]]["mean"]
-    assert "test has no labels" in result["note"] and "for classification tasks so far" in result["note"]
-    assert set(result["efficiency"]) == {"teacher", "student"} and result["speedup"] > 0
-    cpu = result["efficiency"]["student"]["cpu"]
+        assert set(split.scores[model]) == set(task_metrics(task_cfg)) <= set(TYPES[task_type].metrics)
+    assert split.scores["plain"][task_metrics(task_cfg)[0]] == finetuned["variants"]["plain"]["eval"][task_metrics(task_cfg)[0]]["mean"]
+    assert "test has no labels" in result.note and "for classification tasks so far" in result.note
+    assert set(result.efficiency) == {"teacher", "student"} and result.retention.speedup > 0
+    cpu = result.efficiency["student"]["cpu"]
     assert cpu["seq_len"] == 12 and 0 < cpu["p50_ms"] <= cpu["p95_ms"]
     if task_type == "multiple_choice":
-        assert cpu["latency_batch"] == 3 and "3 (context, ending) sequences" in result["timed"]
+        assert cpu["latency_batch"] == 3 and "3 (context, ending) sequences" in result.timed
     if task_type == "span_qa":  # SQuAD 2.0-like: no-answer threshold from dev, HasAns / NoAns beside overall
-        assert set(split["threshold"]) >= {"teacher", "student"}
-        assert {"has_answer_f1", "no_answer_f1", "f1"} <= set(split["breakdown"]["teacher"])
+        assert set(split.extras["threshold"]) >= {"teacher", "student"}
+        assert {"has_answer_f1", "no_answer_f1", "f1"} <= set(split.extras["breakdown"]["teacher"])
     if task_type in ("tagging", "multiple_choice"):  # a confusion matrix over the tags of words / the endings
-        n = len(result["label_names"])
-        assert set(result["confusion"]) == {"teacher", "student", baseline}
-        assert all(len(matrix) == n and sum(map(sum, matrix)) > 0 for matrix in result["confusion"].values())
+        n = len(result.label_names)
+        assert set(result.extras["confusion"]) == {"teacher", "student", baseline}
+        assert all(len(matrix) == n and sum(map(sum, matrix)) > 0 for matrix in result.extras["confusion"].values())
     if task_type == "tagging":
-        assert set(result["per_type"]) == {"teacher", "student", baseline}
-        assert set(result["per_type"][baseline]) >= {"PER", "LOC"}
+        assert set(result.extras["per_type"]) == {"teacher", "student", baseline}
+        assert set(result.extras["per_type"][baseline]) >= {"PER", "LOC"}
     if task_type == "regression":
-        assert len(result["scatter"]["teacher"]) == 12 and result["scatter"]["teacher"][0][0] == 40 % 6
+        assert len(result.extras["scatter"]["teacher"]) == 12 and result.extras["scatter"]["teacher"][0][0] == 40 % 6
 
     args = SimpleNamespace(metrics=tmp_path / "evaluate.json", plots=tmp_path / "plots", report=tmp_path / "reports")
     stages.evaluate.write_outputs({"toy": result}, [], {}, args, tracking.StageRun())
@@ -272,7 +280,8 @@ def test_the_baselines_learn_from_the_train_examples_finetune_trains_on(tmp_path
 def test_only_classifiers_are_logged_as_pyfunc_models(tmp_path):
     for folder in ("finetune/imdb", "distill/imdb", "finetune/stsb", "distill/stsb"):
         (tmp_path / folder).mkdir(parents=True)
-    results = {"imdb": {"type": "classification", "metric": "accuracy"}, "stsb": {"type": "regression", "metric": "spearman"}}
+    results = {"imdb": TaskEvaluation("classification", "accuracy", ["accuracy"]),
+               "stsb": TaskEvaluation("regression", "spearman", ["spearman"])}
     assert stages.evaluate.pyfunc_models(results, tmp_path / "finetune", tmp_path / "distill") == [
         (tmp_path / "finetune/imdb", "imdb-teacher", "accuracy"), (tmp_path / "distill/imdb", "imdb-student", "accuracy")]
 
@@ -287,3 +296,34 @@ def test_a_variants_spread_is_shown_only_over_several_seeds():
     means = variant_means(finetuned)
     assert means == {"plain": {"f1": 0.869}, "ulmfit": {"f1": 0.8, "f1_std": 0.02}}
     assert (fmt(means["plain"], "f1"), fmt(means["ulmfit"], "f1")) == ("86.9", "80.0 ± 2.0")
+
+
+# A task's entry of metrics/evaluate.json with every key that may be there, in the order evaluate's dict
+# had them before the result was typed: the typed result must give exactly this file
+EVERY_KEY = {
+    "type": "tagging", "metric": "f1", "metrics": ["f1", "precision"],
+    "splits": {"validation": {"examples": 12, "train_examples": 20, "full_train_examples": 28,
+                              "scores": {"teacher": {"f1": 0.5, "precision": 0.25}, "lexicon": {"f1": 0.4, "precision": 0.5}},
+                              "threshold": {"teacher": 0.25, "lexicon": "-inf"},
+                              "breakdown": {"teacher": {"has_answer_f1": 0.5}, "lexicon": {"has_answer_f1": 0.0}}},
+               "test": {"examples": 9, "train_examples": 20, "full_train_examples": 28,
+                        "scores": {"teacher": {"f1": 0.45, "precision": 0.5}}}},
+    "language": "de", "transfer_from": "conll", "teacher": {"variant": "plain", "seed": 1},
+    "data": {"label": "a copy", "note": "A note."}, "per_type": {"teacher": {"PER": 0.5}, "lexicon": {"PER": 0.25}},
+    "note": "Evaluated on validation, test: test_unlabeled has no labels.", "timed": "one sentence per call",
+    "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4000, "cpu": {"p50_ms": 10.0}},
+                   "student": {"params": 600, "disk_bytes": 2400, "cpu": {"p50_ms": 5.0}}},
+    "onnx": {"student": {"disk_bytes": 2500, "cpu": {"p50_ms": 4.0, "threads": 2}}}, "retained": None, "speedup": 2.0}
+
+
+def test_the_typed_result_gives_exactly_the_json_the_dict_gave():
+    """Every key in its place (order too: json.dumps without sorting), values unchanged, absent keys absent,
+    a null retention (a teacher that scored 0) kept; what only the figures draw is left out."""
+    result = TaskEvaluation.from_json(EVERY_KEY)
+    assert result.retention.retained is None and result.splits["validation"].extras["threshold"]["lexicon"] == "-inf"
+    assert json.dumps(result.to_json()) == json.dumps(EVERY_KEY)
+    result.extras["confusion"] = {"teacher": [[1, 0], [0, 1]]}
+    result.label_names = ["O", "B-PER"]
+    assert json.dumps(result.to_json()) == json.dumps(EVERY_KEY)
+    least = {key: EVERY_KEY[key] for key in ("type", "metric", "metrics", "splits", "language", "efficiency")}
+    assert json.dumps(TaskEvaluation.from_json(least).to_json()) == json.dumps(least)

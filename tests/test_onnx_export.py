@@ -12,6 +12,7 @@ import torch
 
 from lib.config.errors import UserError
 from lib.evaluation.report import markdown
+from lib.evaluation.result import TaskEvaluation
 from lib.serving.onnx_export import INPUT_NAMES, INT8_SUFFIX, OnnxClassifier, export_onnx, to_onnx
 from lib.serving.predict import TextClassifier
 from lib.tasks.model import HeadConfig, load_task_model
@@ -162,13 +163,13 @@ def test_the_summary_puts_onnx_runtime_beside_pytorch():
     cpu = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128,
            "threads": 2}
     onnx_cpu = {"p50_ms": 4.0, "p95_ms": 4.5, "mean_ms": 4.1, "seq_len": 128, "threads": 2}
-    result = {"metric": "accuracy", "metrics": ["accuracy"], "confusion": {},
+    result = {"type": "classification", "metric": "accuracy", "metrics": ["accuracy"],
               "splits": {"test": {"examples": 10, "train_examples": 10, "full_train_examples": 10,
                                   "scores": {"student": {"accuracy": 0.8}, "student_int8": {"accuracy": 0.79}}}},
               "efficiency": {"student": {"params": 600, "disk_bytes": 2_400_000, "cpu": cpu}},
               "onnx": {"student": {"disk_bytes": 2_500_000, "cpu": onnx_cpu},
                        "student_int8": {"disk_bytes": 700_000, "cpu": {**onnx_cpu, "p50_ms": 2.0, "p95_ms": 2.2}}}}
-    text = markdown({"imdb": result}, [], VARIANTS)
+    text = markdown({"imdb": TaskEvaluation.from_json(result)}, [], VARIANTS)
     assert "| student, int8 (ONNX Runtime) | 79.0 |" in text
     assert "| student (distilled) | 600 | 2.4 MB | 10.0 / 12.5 | 150 | 4.0 / 4.5 |" in text
     assert "| student, int8 (ONNX Runtime) | 600 | 0.7 MB | – | – | 2.0 / 2.2 |" in text

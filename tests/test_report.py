@@ -1,28 +1,39 @@
-"""The evaluate stage's report: markdown tables and figures from a results dict shaped like evaluate's."""
+"""The evaluate stage's report: markdown tables and figures from tasks' results as evaluate gives them."""
 import time
+from dataclasses import replace
 
 from lib.evaluation import report
 from lib.evaluation.report import confusion_figure, fmt, markdown, write_report
+from lib.evaluation.result import SplitEvaluation, TaskEvaluation
 from lib.training.variants import VARIANTS
+
+
+def evaluated(entry: dict, label_names: list[str] | None = None, **figures) -> TaskEvaluation:
+    """A task's result from its entry of metrics/evaluate.json, with what the figures alone draw."""
+    result = TaskEvaluation.from_json(entry)
+    result.extras.update(figures)
+    result.label_names = label_names
+    return result
+
 
 CPU = {"p50_ms": 10.0, "p95_ms": 12.5, "mean_ms": 10.4, "throughput": 150.0, "batch": 32, "seq_len": 128, "threads": 2}
 RESULTS = {
-    "imdb": {
-        "metric": "accuracy", "metrics": ["accuracy"], "label_names": ["negative", "positive"],
+    "imdb": evaluated({
+        "type": "classification", "metric": "accuracy", "metrics": ["accuracy"],
         "splits": {"test": {"examples": 100, "train_examples": 3000, "full_train_examples": 24000, "scores": {
             "teacher": {"accuracy": 0.84}, "student": {"accuracy": 0.83},
             "ulmfit": {"accuracy": 0.8, "accuracy_std": 0.01}, "tfidf": {"accuracy": 0.86, "c": 4.0},
             "from_scratch": {"accuracy": 0.78, "accuracy_std": 0.004}, "plain": {"accuracy": 0.775, "accuracy_std": 0.02},
             "tfidf_full_train": {"accuracy": 0.9, "c": 16.0}}}},
-        "confusion": {"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]},
         "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU},
                        "student": {"params": 600, "disk_bytes": 2_400_000, "cpu": {**CPU, "p50_ms": 5.0}}},
         "retained": 0.83 / 0.84, "speedup": 2.0, "teacher": {"variant": "plain", "seed": 1338}},
-    "rte": {
-        "metric": "accuracy", "metrics": ["accuracy"], "note": "Evaluated on validation: test_unlabeled has no labels.",
+        ["negative", "positive"], confusion={"teacher": [[40, 10], [6, 44]], "student": [[41, 9], [8, 42]]}),
+    "rte": evaluated({
+        "type": "classification", "metric": "accuracy", "metrics": ["accuracy"], "note": "Evaluated on validation: test_unlabeled has no labels.",
         "splits": {"validation": {"examples": 30, "train_examples": 2233, "full_train_examples": 2233,
                                   "scores": {"tfidf": {"accuracy": 0.5}}}},
-        "confusion": {}, "efficiency": {}},
+        "efficiency": {}}),
 }
 
 
@@ -50,8 +61,8 @@ def test_markdown_tables_name_every_model_and_the_student_figures():
 
 def test_gpu_timings_are_shown_where_evaluate_measured_them():
     gpu = {**CPU, "p50_ms": 1.25, "throughput": 4000.0, "threads": None}
-    efficiency = {role: {**e, "cuda": gpu} for role, e in RESULTS["imdb"]["efficiency"].items()}
-    text = markdown({"imdb": {**RESULTS["imdb"], "efficiency": efficiency}}, [], VARIANTS)
+    efficiency = {role: {**e, "cuda": gpu} for role, e in RESULTS["imdb"].efficiency.items()}
+    text = markdown({"imdb": replace(RESULTS["imdb"], efficiency=efficiency)}, [], VARIANTS)
     assert "GPU: teacher p50 1.25 ms, 4000 sequences/s; student p50 1.25 ms" in text
     assert "GPU:" not in markdown(RESULTS, [], VARIANTS)
 
@@ -85,11 +96,11 @@ def test_a_large_confusion_matrix_is_drawn_by_colour_alone_and_fast(tmp_path, mo
     n = 300
     matrix = [[(i * 7 + j) % 5 for j in range(n)] for i in range(n)]
     started = time.monotonic()
-    path = confusion_figure("topics", {"confusion": {"teacher": matrix, "student": matrix},
-                                       "label_names": [f"topic {i}" for i in range(n)]}, tmp_path / "c.png")
+    topics = replace(RESULTS["imdb"], label_names=[f"topic {i}" for i in range(n)])
+    path = confusion_figure("topics", {"teacher": matrix, "student": matrix}, topics, tmp_path / "c.png", VARIANTS)
     assert time.monotonic() - started < 15 and path.stat().st_size > 0
     assert [len(ax.texts) for ax in figures[0].axes] == [0, 0]
-    confusion_figure("imdb", RESULTS["imdb"], tmp_path / "small.png")
+    confusion_figure("imdb", RESULTS["imdb"].extras["confusion"], RESULTS["imdb"], tmp_path / "small.png", VARIANTS)
     assert [len(ax.texts) for ax in figures[1].axes] == [4, 4]  # a count per cell of the 2 x 2 matrices
 
 
@@ -104,8 +115,9 @@ def test_scores_merge_the_tasks_with_one_model_into_one_panel(tmp_path, monkeypa
     """rte has a baseline alone: it is a bar of a shared panel, not a panel of one bar; the figure is
     as wide as the others whatever the number of tasks, its score axes from zero."""
     figures = drawn_figures(monkeypatch)
-    tasks = {**RESULTS, "cola": {**RESULTS["rte"], "metric": "mcc", "metrics": ["mcc"], "splits": {"validation": {
-        "examples": 30, "train_examples": 80, "full_train_examples": 80, "scores": {"tfidf": {"mcc": -0.1}}}}}}
+    tasks = {**RESULTS, "cola": replace(RESULTS["rte"], metric="mcc", metrics=["mcc"], splits={
+        "validation": SplitEvaluation(examples=30, train_examples=80, full_train_examples=80,
+                                      scores={"tfidf": {"mcc": -0.1}})})}
     report.scores_figure(tasks, tmp_path / "scores.png", VARIANTS)
     imdb, shared = figures[0].axes
     assert imdb.get_title(loc="left") == "imdb" and len(imdb.patches) == 7
@@ -128,14 +140,14 @@ def test_speed_axes_start_at_zero(tmp_path, monkeypatch):
 def test_confusion_panels_share_one_colour_scale_from_zero(tmp_path, monkeypatch):
     """A near-uniform matrix (40/10/6/44 beside 41/9/8/42) is not stretched over the whole colour range."""
     figures = drawn_figures(monkeypatch)
-    confusion_figure("imdb", RESULTS["imdb"], tmp_path / "c.png")
+    confusion_figure("imdb", RESULTS["imdb"].extras["confusion"], RESULTS["imdb"], tmp_path / "c.png", VARIANTS)
     assert [ax.images[0].get_clim() for ax in figures[0].axes] == [(0, 44), (0, 44)]
     assert figures[0].axes[0].get_title() == "imdb: teacher (best finetuned)"
 
 
 SPLIT = {"examples": 12, "train_examples": 20, "full_train_examples": 30}
 TYPED = {
-    "squad_v2": {
+    "squad_v2": evaluated({
         "type": "span_qa", "metric": "f1", "metrics": ["f1", "exact_match"],
         "data": {"label": "SQuAD dev, article split", "note": "Data: our SQuAD copies are the official dev set split by article."},
         "splits": {"validation": {**SPLIT, "scores": {
@@ -145,19 +157,19 @@ TYPED = {
                                       "no_answer_f1": 0.6, "exact_match": 0.5, "f1": 0.6},
                           "overlap_qa": {"has_answer_exact_match": 0.0, "has_answer_f1": 0.0, "no_answer_exact_match": 1.0,
                                          "no_answer_f1": 1.0, "exact_match": 0.5, "f1": 0.5}}}},
-        "confusion": {}, "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU}},
-        "timed": "one window of 128 tokens per call (a longer context takes several)"},
-    "conll": {
+        "efficiency": {"teacher": {"params": 1000, "disk_bytes": 4_000_000, "cpu": CPU}},
+        "timed": "one window of 128 tokens per call (a longer context takes several)"}),
+    "conll": evaluated({
         "type": "tagging", "metric": "f1", "metrics": ["f1"],
         "splits": {"test": {**SPLIT, "scores": {"teacher": {"f1": 0.7}, "lexicon": {"f1": 0.6},
                                                  "lexicon_full_train": {"f1": 0.65}}}},
         "per_type": {"teacher": {"PER": 0.8, "LOC": 0.7}, "lexicon": {"PER": 0.5, "LOC": 0.6, "MISC": 0.1}},
-        "confusion": {}, "efficiency": {}},
-    "stsb": {
+        "efficiency": {}}),
+    "stsb": evaluated({
         "type": "regression", "metric": "pearson", "metrics": ["pearson", "spearman"],
         "splits": {"validation": {**SPLIT, "scores": {"teacher": {"pearson": 0.8, "spearman": 0.79},
                                                        "tfidf_similarity": {"pearson": 0.6, "spearman": 0.58}}}},
-        "scatter": {"teacher": [[0.0, 0.5], [2.5, 2.0], [5.0, 4.2]]}, "confusion": {}, "efficiency": {}},
+        "efficiency": {}}, scatter={"teacher": [[0.0, 0.5], [2.5, 2.0], [5.0, 4.2]]}),
 }
 
 

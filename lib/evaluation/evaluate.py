@@ -5,19 +5,19 @@ and limits), it scores the teacher and the student as finetune scores a model (l
 dev first where the type calibrates on it, SQuAD 2.0's no-answer threshold), every finetune variant
 (mean ± std over seeds, first split only, as finetune reports them) and the type's train-only baseline
 (lib.metrics.baselines) fit on the same train examples and, where finetuning used a subset, on all
-of train. It keeps what the report draws (confusion matrices, per-entity-type F1 for tagging, predicted
-vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU
-(lib.evaluation.efficiency).
+of train, for a type with one (lib.tasks.capabilities.Baselined). It keeps the extras of the models' scores
+that the type declares (Reported.kept_extras: confusion matrices, per-entity-type F1 for tagging,
+predicted vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on
+CPU (lib.evaluation.efficiency). The result is a lib.evaluation.result.TaskEvaluation.
 
 A type that lib/serving serves (`served`) also gets: its models exported to ONNX and timed in ONNX
 Runtime on CPU at batch 1 on torch's threads, beside their PyTorch latency, and the student's graph
 with int8 weights (ONNX Runtime's dynamic quantization, what a CPU deployment would run) scored on
 every split as the others are; and, where evaluate.zero_shot has a prompt and the LM is causal,
-zero-shot prompting of the LM (its `zero_shot`).
+zero-shot prompting of the LM (a lib.tasks.capabilities.ZeroShot type).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,13 @@ from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, Params, TaskConfig
 from lib.core import runtime
 from lib.evaluation.efficiency import onnx_latency, profile
+from lib.evaluation.result import Retention, SplitEvaluation, TaskEvaluation
 from lib.evaluation.zero_shot import zero_shot, zero_shot_problem
 from lib.models.architectures import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
-from lib.tasks.base import TaskData
+from lib.tasks.base import TaskData, TaskType
+from lib.tasks.capabilities import Baselined, Calibrated, Reported
 from lib.tasks.model import load_task_model
 from lib.tasks.scoring import predict_all, score_split
 
@@ -41,26 +43,24 @@ INT8_ROLE = "student_int8"  # the student's ONNX graph with int8 weights (ONNX R
 
 def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], finetuned: dict | None,
                   distilled: dict | None, lm: Transformer, tokenizer, special: dict[str, int], params: Params,
-                  train_from: tuple[str, TaskConfig] | None = None) -> dict:
-    """evaluate's result for a task (splits -> scores -> model -> metric, efficiency, teacher, notes), with
-    `confusion`, `scatter` and `per_type` for the report's figures. `models`: role -> folder of the
-    teacher and student that exist; `lm`, `tokenizer`, `special`: the adapted LM and its tokenizer, which
-    every task model shares. A transfer task's train (its baseline's) is its source's, `train_from`
-    (name, config), as lib.tasks.base.TaskType.select takes it."""
+                  train_from: tuple[str, TaskConfig] | None = None) -> TaskEvaluation:
+    """evaluate's result for a task: per split the scores of every model, the extras its type keeps for the
+    report, efficiency, teacher, notes. `models`: role -> folder of the teacher and student that exist; `lm`,
+    `tokenizer`, `special`: the adapted LM and its tokenizer, which every task model shares. A transfer
+    task's train (its baseline's) is its source's, `train_from` (name, config), as
+    lib.tasks.base.TaskType.select takes it."""
     kind, ft, cfg = task_type(task_cfg), params.finetune, params.evaluate
     metrics = task_metrics(task_cfg)
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")  # scored and timed at deployment precision
     loaded = {role: load_task_model(folder, device) for role, folder in models.items()}
     onnx = onnx_classifiers(models) if kind.served else {}
-    result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
-                              "confusion": {}, "language": task_cfg.language}
-    if train_from:
-        result["transfer_from"] = train_from[0]
+    result = TaskEvaluation(kind.name, metrics[0], metrics, language=task_cfg.language,
+                            transfer_from=train_from[0] if train_from else None)
     if "teacher" in loaded:
-        result["teacher"] = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
+        result.teacher = {"variant": loaded["teacher"][1]["variant"], "seed": loaded["teacher"][1]["seed"]}
     if task_cfg.data_label or task_cfg.data_note:
-        result["data"] = {"label": task_cfg.data_label, "note": task_cfg.data_note}
+        result.data = {"label": task_cfg.data_label, "note": task_cfg.data_note}
     # teacher and student are of one family: the examples are encoded for it (tagging's causal layout)
     causal = {model.backbone.cfg.causal for model, _ in loaded.values()} == {True}
     selection = dict(dev_fraction=ft.dev_fraction, dev_max=ft.dev_max, train_from=train_from)
@@ -79,29 +79,29 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
         if task.eval is None:
             unlabeled.append(split)
             continue
-        first = not result["splits"]
-        if first and kind.class_names(task):  # what the confusion matrices' rows and columns are
-            result["label_names"] = kind.class_names(task)
+        first = not result.splits
+        if first and isinstance(kind, Reported):  # what the confusion matrices' rows and columns are
+            result.label_names = kind.class_names(task) or None
         train = task.references["train"]
-        entry: dict[str, Any] = {"examples": len(task.references["eval"]), "train_examples": len(train),
-                                 "full_train_examples": len(full_train), "scores": {}}
+        entry = SplitEvaluation(len(task.references["eval"]), len(train), len(full_train))
         for role, model in scored_models.items():
-            print(f"{name} {split}: scoring the {role} on {entry['examples']} examples", flush=True)
+            print(f"{name} {split}: scoring the {role} on {entry.examples} examples", flush=True)
             scored = as_saved(task, infos[role], f"{models.get(role, models.get('student'))}")
             if role not in calibration:  # from dev, the same for every split
                 calibration[role] = score_split(model, scored, "dev", metrics, ft.batch_size * 2, special["pad"],
-                                                device, impl)[1] if kind.calibrated else {}
+                                                device, impl)[1] if isinstance(kind, Calibrated) else {}
             score_model(entry, result, role, model, scored, metrics, calibration[role], ft.batch_size * 2,
                         special["pad"], device, impl, first)
         if first and finetuned:
-            entry["scores"].update(variant_means(finetuned))
-        for suffix, items in (("", train), ("_full_train", full_train)):
-            if suffix and len(full_train) == len(train):
-                continue  # finetuning used all of train: the baseline above already did
-            print(f"{name} {split}: {kind.baseline_label} baseline on {len(items)} train examples", flush=True)
-            values, extras = kind.baseline_scores(task, items, metrics, cfg)
-            entry["scores"][kind.baseline + suffix] = values
-            keep_extras(entry, result, kind.baseline + suffix, extras, first and not suffix)
+            entry.scores.update(variant_means(finetuned))
+        if isinstance(kind, Baselined):
+            for suffix, items in (("", train), ("_full_train", full_train)):
+                if suffix and len(full_train) == len(train):
+                    continue  # finetuning used all of train: the baseline above already did
+                print(f"{name} {split}: {kind.baseline_label} baseline on {len(items)} train examples", flush=True)
+                values, extras = kind.baseline_scores(task, items, metrics, cfg)
+                entry.scores[kind.baseline + suffix] = values
+                keep_extras(entry, result, kind, kind.baseline + suffix, extras, first and not suffix)
         prompt = cfg.zero_shot.get(name)
         if prompt is not None and lm.cfg.causal:
             zero_shot_note = zero_shot_problem(name, prompt.label_words, task.label_names)
@@ -109,14 +109,16 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
                 predicted = zero_shot(lm, tokenizer, special, task.references["eval"], template=prompt.template,
                                       label_words=prompt.label_words, max_len=task_cfg.max_len,
                                       truncation=task_cfg.truncation)
-                entry["scores"]["zero_shot"] = kind.score(task, "eval", predicted, metrics)[0]
-        result["splits"][split] = entry
-        print(f"{name} {split}: " + "; ".join(f"{m} {s[metrics[0]]:.4f}" for m, s in entry["scores"].items()),
+                entry.scores["zero_shot"] = kind.score(task, "eval", predicted, metrics)[0]
+        result.splits[split] = entry
+        print(f"{name} {split}: " + "; ".join(f"{m} {s[metrics[0]]:.4f}" for m, s in entry.scores.items()),
               flush=True)
-    if not result["splits"]:
+    if not result.splits:
         raise UserError(f"tasks.{name}.eval_splits: none of {task_cfg.eval_splits} has labels; "
                         "name a labeled split to evaluate on")
-    notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
+    notes = [f"Evaluated on {', '.join(result.splits)}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
+    if not isinstance(kind, Baselined):
+        notes.append(f"{kind.name} tasks have no train-only baseline so far: none was scored.")
     if zero_shot_note is not None:
         notes.append(zero_shot_note)
     if not kind.served and not train_from:  # a transfer task has no models of its own to serve
@@ -126,20 +128,20 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     for note in notes:
         print(f"{name}: {note}", flush=True)
     if notes:
-        result["note"] = " ".join(notes)
+        result.note = " ".join(notes)
     latency_batch = kind.latency_batch(task.info)  # the last split's task: the same train, so the same info
     if loaded:
-        result["timed"] = kind.timed.format(seq_len=cfg.latency_seq_len, n=latency_batch)
-        print(f"{name}: timing {', '.join(loaded)}: {result['timed']}", flush=True)
-    result["efficiency"] = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
-                                          repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
-                                          latency_batch=latency_batch)
-                            for role, (model, _) in loaded.items()}
+        result.timed = kind.timed.format(seq_len=cfg.latency_seq_len, n=latency_batch)
+        print(f"{name}: timing {', '.join(loaded)}: {result.timed}", flush=True)
+    result.efficiency = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
+                                       repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
+                                       latency_batch=latency_batch)
+                         for role, (model, _) in loaded.items()}
     if onnx:
         print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)
-        result["onnx"] = {role: onnx_efficiency(c, size, cfg) for role, (c, size) in onnx.items()}
+        result.onnx = {role: onnx_efficiency(c, size, cfg) for role, (c, size) in onnx.items()}
     if distilled:
-        add_retention(result, metrics[0])
+        add_retention(result)
     return result
 
 
@@ -162,31 +164,30 @@ def onnx_efficiency(classifier: OnnxClassifier, size: int, cfg: EvaluateConfig) 
     return {"disk_bytes": size, "cpu": {**timing, "seq_len": cfg.latency_seq_len, "threads": forward.threads}}
 
 
-def add_retention(result: dict, metric: str) -> None:
-    """result["retained"] (the student's share of the teacher's `metric` on the first split) and
-    result["speedup"] (the teacher's CPU p50 latency over the student's), where both were timed."""
-    if not {"teacher", "student"} <= set(result["efficiency"]):
+def add_retention(result: TaskEvaluation) -> None:
+    """result.retention: the student's share of the teacher's main metric on the first split and the
+    teacher's CPU p50 latency over the student's, where both were timed."""
+    if not {"teacher", "student"} <= set(result.efficiency):
         return
-    first_scores = result["splits"][next(iter(result["splits"]))]["scores"]
-    teacher, student = first_scores["teacher"][metric], first_scores["student"][metric]
-    result["retained"] = student / teacher if teacher else None
-    result["speedup"] = (result["efficiency"]["teacher"]["cpu"]["p50_ms"]
-                         / result["efficiency"]["student"]["cpu"]["p50_ms"])
+    scores = result.first_split.scores
+    teacher, student = scores["teacher"][result.metric], scores["student"][result.metric]
+    latency = {role: result.efficiency[role]["cpu"]["p50_ms"] for role in ("teacher", "student")}
+    result.retention = Retention(student / teacher if teacher else None, latency["teacher"] / latency["student"])
 
 
-def score_model(entry: dict, result: dict, role: str, model, task: TaskData, metrics: list[str],
+def score_model(entry: SplitEvaluation, result: TaskEvaluation, role: str, model, task: TaskData, metrics: list[str],
                 calibration: dict[str, Any], batch_size: int, pad_id: int, device: torch.device, impl,
                 first: bool) -> None:
-    """The model's scores on task.eval into entry["scores"][role], its extras beside them: what
-    lib.tasks.scoring.score_split does, keeping the predictions for the regression scatter (first split)."""
+    """The model's scores on task.eval into entry.scores[role], the extras its type keeps beside them: what
+    lib.tasks.scoring.score_split does, with the extras of the predictions themselves (regression's
+    predicted vs gold)."""
     kind = TYPES[task.type]
     predicted = predict_all(model, task, task.eval, batch_size, pad_id, device, impl)
     values, extras = kind.score(task, "eval", predicted, metrics, calibration)
-    entry["scores"][role] = values
-    keep_extras(entry, result, role, extras, first)
-    scatter = kind.scatter(task, predicted) if first else None
-    if scatter is not None:
-        result.setdefault("scatter", {})[role] = scatter
+    entry.scores[role] = values
+    if isinstance(kind, Reported):
+        extras = {**extras, **kind.prediction_extras(task, predicted)}
+    keep_extras(entry, result, kind, role, extras, first)
 
 
 def as_saved(task: TaskData, info: dict[str, Any], where: str) -> TaskData:
@@ -197,17 +198,15 @@ def as_saved(task: TaskData, info: dict[str, Any], where: str) -> TaskData:
     return replace(task, label_names=list(names), info={**task.info, **info.get("info", {})})
 
 
-def keep_extras(entry: dict, result: dict, model: str, extras: dict, first: bool) -> None:
-    """SQuAD's threshold and HasAns / NoAns breakdown per split; per-entity-type F1 of the first split."""
-    if "threshold" in extras:  # "-inf" (JSON has no infinity): the baseline answers no question
-        threshold = extras["threshold"]
-        entry.setdefault("threshold", {})[model] = threshold if math.isfinite(threshold) else str(threshold)
-    if "breakdown" in extras:
-        entry.setdefault("breakdown", {})[model] = extras["breakdown"]
-    if "per_type" in extras and first:
-        result.setdefault("per_type", {})[model] = extras["per_type"]
-    if "confusion" in extras and first:  # tagging's words, multiple choice's endings
-        result["confusion"][model] = extras["confusion"]
+def keep_extras(entry: SplitEvaluation, result: TaskEvaluation, kind: TaskType, model: str, extras: dict[str, Any],
+                first: bool) -> None:
+    """The extras of `model`'s scores that its type keeps (lib.tasks.capabilities.Reported.kept_extras), as
+    the JSON holds them: those of every split on the split's entry, the others on the task, from the
+    first split (`first`)."""
+    for extra in kind.kept_extras if isinstance(kind, Reported) else ():
+        if extra.name in extras and (extra.per_split or first):
+            kept = entry.extras if extra.per_split else result.extras
+            kept.setdefault(extra.name, {})[model] = extra.as_json(extras[extra.name])
 
 
 def variant_means(finetuned: dict) -> dict[str, dict[str, float]]:

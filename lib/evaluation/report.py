@@ -1,4 +1,6 @@
-"""The evaluate stage's human report: reports/summary.md and its PNG figures, from metrics/evaluate.json.
+"""The evaluate stage's human report: reports/summary.md and its PNG figures, and its DVC plot data, from
+the tasks' results (lib.evaluation.result.TaskEvaluation). Each task type adds its own: the plots of
+the extras it keeps and its section of the report (lib.tasks.capabilities.Reported).
 
 The PNGs open anywhere (a markdown viewer, MLflow's artifact view), without DVC; they are attached to
 the MLflow parent run with the summary. Scores are drawn on zero-based axes, so a gap of a point
@@ -10,7 +12,7 @@ import hashlib
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import matplotlib
 
@@ -22,7 +24,9 @@ import torch  # noqa: E402
 from lib.config.params import Params  # noqa: E402
 from lib.core import tracking  # noqa: E402
 from lib.core.io import write_csv  # noqa: E402
+from lib.evaluation.result import SplitEvaluation, TaskEvaluation  # noqa: E402
 from lib.tasks import TYPES  # noqa: E402
+from lib.tasks.capabilities import BARS, CONFUSION, MATRIX, SCATTER, Baselined, Plot, Reported  # noqa: E402
 
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
 # there, and drawing one text per cell took minutes (300 classes: 250 s)
@@ -34,7 +38,7 @@ FIGURE_WIDTH, DPI, LABEL_SIZE, TITLE_SIZE = 7.0, 110, 9, 10
 ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)", "zero_shot": "zero-shot LM prompt",
          "tfidf": "TF-IDF + LR", "student_int8": "student, int8 (ONNX Runtime)"}
 # the task types' train-only baselines (lib.metrics.baselines), each also as "<name>_full_train"
-BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values()}
+BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values() if isinstance(kind, Baselined)}
 
 
 class Shown(Protocol):
@@ -46,19 +50,17 @@ class Shown(Protocol):
     random_init: bool  # its weights start random: what pretraining is measured against
 
 
-def write_report(results: dict[str, Any], out_dir: Path, variants: Mapping[str, Shown], warnings: list[str] = (),
-                 provenance: dict[str, str] | None = None) -> list[Path]:
+def write_report(results: dict[str, TaskEvaluation], out_dir: Path, variants: Mapping[str, Shown],
+                 warnings: list[str] = (), provenance: dict[str, str] | None = None) -> list[Path]:
     """summary.md and figures into out_dir (which must exist); returns the files written. `variants`: the
     finetune variants by name (lib.training.variants.VARIANTS). `provenance` (what produced the results:
     commit, date, params, run, machine; label -> markdown) heads the summary, so a stale copy says so;
-    `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow."""
+    `warnings` (plain sentences, e.g. a stage a time limit stopped early) follow. The figures of the types'
+    plots (`<plot folder>_<task>.png`) come by drawing, all matrices first, then bars, then scatters."""
     figures = [scores_figure(results, out_dir / "scores.png", variants), speed_figure(results, out_dir / "speed.png")]
-    figures += [confusion_figure(task, r, out_dir / f"confusion_{task}.png")
-                for task, r in results.items() if r.get("confusion")]
-    figures += [entity_figure(task, r, out_dir / f"entity_f1_{task}.png", variants) for task, r in results.items()
-                if r.get("per_type")]
-    figures += [scatter_figure(task, r, out_dir / f"predicted_vs_gold_{task}.png") for task, r in results.items()
-                if r.get("scatter")]
+    figures += [draw(task, values, r, out_dir / f"{plot.folder}_{task}.png", variants)
+                for drawing, draw in DRAWINGS.items() for task, r in results.items()
+                for plot, values in plotted(r) if plot.drawing == drawing]
     figures = [f for f in figures if f is not None]
     summary = out_dir / "summary.md"
     summary.write_text(markdown(results, [f.name for f in figures], variants, warnings, provenance), encoding="utf-8")
@@ -75,28 +77,30 @@ def fmt(score: dict[str, Any] | None, metric: str) -> str:
     return text
 
 
-def write_plots(results: dict[str, Any], out_dir: Path) -> None:
+def plotted(r: TaskEvaluation) -> list[tuple[Plot, dict[str, Any]]]:
+    """(plot, model -> value) of each extra of the task that its type plots (lib.tasks.capabilities.Extra),
+    where a model has one."""
+    kind = TYPES[r.type]
+    kept = kind.kept_extras if isinstance(kind, Reported) else ()
+    return [(extra.plot, r.extras[extra.name]) for extra in kept if extra.plot and r.extras.get(extra.name)]
+
+
+def write_plots(results: dict[str, TaskEvaluation], out_dir: Path) -> None:
     """DVC plot data into out_dir: scores.csv and speed.csv over every task's models, and per task and
-    model its confusion matrix (one row per item: actual, predicted), predicted vs gold (regression) and F1
-    per entity type (tagging)."""
+    model the plots of its type's extras (a folder per plot, e.g. the confusion matrix: one row per item,
+    actual and predicted)."""
     # a declared output, so there even where no task has a confusion matrix (regression, span QA)
-    (out_dir / "confusion").mkdir()
+    (out_dir / CONFUSION.plot.folder).mkdir()
     scores, speed = [], []
     for name, r in results.items():
-        split = next(iter(r["splits"]))
-        for model, s in r["splits"][split]["scores"].items():
-            scores.append([f"{name}/{model}", s[r["metric"]]])
-        for role, e in r["efficiency"].items():
-            speed.append([f"{name}/{role}", e["cpu"]["p50_ms"], r["splits"][split]["scores"][role][r["metric"]]])
-        for role, matrix in r["confusion"].items():
-            labels = r["label_names"]
-            write_csv(out_dir / "confusion" / f"{name}_{role}.csv", ["actual", "predicted"],
-                      [[labels[i], labels[j]] for i, row in enumerate(matrix) for j, n in enumerate(row)
-                       for _ in range(n)])
-        for role, pairs in r.get("scatter", {}).items():
-            write_csv(out_dir / "predicted_vs_gold" / f"{name}_{role}.csv", ["gold", "predicted"], pairs)
-        for role, f1 in r.get("per_type", {}).items():
-            write_csv(out_dir / "entity_f1" / f"{name}_{role}.csv", ["entity_type", "f1"], sorted(f1.items()))
+        first = r.first_split
+        for model, s in first.scores.items():
+            scores.append([f"{name}/{model}", s[r.metric]])
+        for role, e in r.efficiency.items():
+            speed.append([f"{name}/{role}", e["cpu"]["p50_ms"], first.scores[role][r.metric]])
+        for plot, values in plotted(r):
+            for model, value in values.items():
+                write_csv(out_dir / plot.folder / f"{name}_{model}.csv", plot.columns, plot.rows(value, r.label_names))
     write_csv(out_dir / "scores.csv", ["model", "score"], scores)
     write_csv(out_dir / "speed.csv", ["model", "cpu_p50_ms", "score"], speed)
 
@@ -142,8 +146,9 @@ def cpu_model() -> str:
         pass
     return platform.processor() or platform.machine()
 
-def markdown(results: dict[str, Any], figures: list[str], variants: Mapping[str, Shown], warnings: list[str] = (),
-             provenance: dict[str, str] | None = None) -> str:
+
+def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: Mapping[str, Shown],
+             warnings: list[str] = (), provenance: dict[str, str] | None = None) -> str:
     about = [f"- {label}: {value}" for label, value in (provenance or {}).items()]
     lines = ["# Evaluation summary", "", *about, *([""] if about else []),
              *[f"> {warning}" for warning in warnings], *([""] if warnings else []),
@@ -151,26 +156,26 @@ def markdown(results: dict[str, Any], figures: list[str], variants: Mapping[str,
              "stage evaluates (`finetune.max_eval_examples`). Finetune variants are mean ± std over seeds. "
              "The best epoch of every model was picked on a dev set carved out of train, never on these splits.", ""]
     for task, r in results.items():
-        metric = r["metric"]
+        metric = r.metric
         lines += [f"## {task}", ""]
-        if (r.get("data") or {}).get("note"):
-            lines += [f"**{r['data']['note']}**", ""]
-        if r.get("note"):
-            lines += [r["note"], ""]
-        if r.get("teacher"):
-            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r['teacher']['variant']}` "
-                      f"(seed {r['teacher']['seed']}); the student is distilled from it.", ""]
-        splits = list(r["splits"])
-        lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r["metrics"]) + " |",
-                  "|---|" + "---:|" * (len(splits) * len(r["metrics"]))]
-        models = list(dict.fromkeys(m for s in splits for m in r["splits"][s]["scores"]))
+        if (r.data or {}).get("note"):
+            lines += [f"**{r.data['note']}**", ""]
+        if r.note:
+            lines += [r.note, ""]
+        if r.teacher:
+            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r.teacher['variant']}` "
+                      f"(seed {r.teacher['seed']}); the student is distilled from it.", ""]
+        splits = list(r.splits)
+        lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r.metrics) + " |",
+                  "|---|" + "---:|" * (len(splits) * len(r.metrics))]
+        models = list(dict.fromkeys(m for s in r.splits.values() for m in s.scores))
         for model in models:
-            cells = [fmt(r["splits"][s]["scores"].get(model), m) for s in splits for m in r["metrics"]]
-            lines.append(f"| {row_label(model, r['splits'][splits[0]], variants)} | " + " | ".join(cells) + " |")
+            cells = [fmt(r.splits[s].scores.get(model), m) for s in splits for m in r.metrics]
+            lines.append(f"| {row_label(model, r.first_split, variants)} | " + " | ".join(cells) + " |")
         lines.append("")
         lines += pretraining_gain(r, variants)
-        lines += no_answer_table(r, variants)
-        efficiency, onnx = r.get("efficiency", {}), r.get("onnx", {})
+        lines += type_section(r, variants)
+        efficiency, onnx = r.efficiency, r.onnx or {}
         if efficiency:
             typed = not onnx  # not served: timed per call as `timed` says, no ONNX Runtime
             lines += [f"| model | parameters | size on disk | CPU p50 / p95 ms ({'per call' if typed else 'batch 1'}) | "
@@ -189,7 +194,7 @@ def markdown(results: dict[str, Any], figures: list[str], variants: Mapping[str,
             lines.append("")
             lines.append(f"Timed at {next(iter(efficiency.values()))['cpu']['seq_len']} tokens per sequence on "
                          f"{next(iter(efficiency.values()))['cpu']['threads']} CPU threads"
-                         + (f": {r['timed']}." if r.get("timed") else "."))
+                         + (f": {r.timed}." if r.timed else "."))
             if onnx:
                 lines.append(f"ONNX Runtime ran on the same {next(iter(onnx.values()))['cpu']['threads']} threads "
                              "(intra_op_num_threads) as PyTorch, so the two latency columns compare; it runs fp32. The int8 "
@@ -199,20 +204,20 @@ def markdown(results: dict[str, Any], figures: list[str], variants: Mapping[str,
                 lines.append("GPU: " + "; ".join(f"{role} p50 {e['cuda']['p50_ms']:.2f} ms, {e['cuda']['throughput']:.0f}"
                                                  " sequences/s" for role, e in efficiency.items()))
             lines.append("")
-        if r.get("retained") is not None:
-            lines += [f"The student keeps **{100 * r['retained']:.1f}%** of the teacher's {metric} and is "
-                      f"**{r['speedup']:.2f}x** as fast on CPU at batch 1 (p50).", ""]
+        if r.retention and r.retention.retained is not None:
+            lines += [f"The student keeps **{100 * r.retention.retained:.1f}%** of the teacher's {metric} and is "
+                      f"**{r.retention.speedup:.2f}x** as fast on CPU at batch 1 (p50).", ""]
     lines += transfer_tables(results, variants)
     lines += ["## Figures", ""] + [f"![{name}]({name})" for name in figures] + [""]
     return "\n".join(lines)
 
 
-def transfer_tables(results: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
+def transfer_tables(results: dict[str, TaskEvaluation], variants: Mapping[str, Shown]) -> list[str]:
     """Zero-shot cross-lingual transfer: per task that others transfer from (tasks.<name>.transfer_from),
     one table, a row per model scored on them (the finetune variants, the baselines), a column per
     task and its language, the source first; each transfer cell with its difference from the source's
     score (first split, first metric of each)."""
-    sources = dict.fromkeys(r["transfer_from"] for r in results.values() if r.get("transfer_from") in results)
+    sources = dict.fromkeys(r.transfer_from for r in results.values() if r.transfer_from in results)
     if not sources:
         return []
     lines = ["## Zero-shot cross-lingual transfer", "",
@@ -221,13 +226,13 @@ def transfer_tables(results: dict[str, Any], variants: Mapping[str, Shown]) -> l
              "points. The baselines learn from the first column's train set too: only what the languages share "
              "word for word (names, numbers, cognates) carries over to theirs.", ""]
     for source in sources:
-        columns = [source, *(name for name, r in results.items() if r.get("transfer_from") == source)]
-        firsts = {name: _first_split_scores(results[name]) for name in columns}
-        metric = results[source]["metric"]
+        columns = [source, *(name for name, r in results.items() if r.transfer_from == source)]
+        firsts = {name: results[name].first_split.scores for name in columns}
+        metric = results[source].metric
         rows = list(dict.fromkeys(m for name in columns[1:] for m in firsts[name]))
-        first_transfer = results[columns[1]]["splits"][next(iter(results[columns[1]]["splits"]))]
-        heads = [f"{name} ({results[name]['language']})" if results[name].get("language") else name for name in columns]
-        splits = ", ".join(f"{name} {next(iter(results[name]['splits']))}" for name in columns)
+        first_transfer = results[columns[1]].first_split
+        heads = [f"{name} ({results[name].language})" if results[name].language else name for name in columns]
+        splits = ", ".join(f"{name} {results[name].first_split_name}" for name in columns)
         lines += [f"### From {source}: {metric}", "", f"Splits: {splits}.", "",
                   "| model | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(columns)]
         for model in rows:
@@ -242,13 +247,13 @@ def transfer_tables(results: dict[str, Any], variants: Mapping[str, Shown]) -> l
     return lines
 
 
-def pretraining_gain(r: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
+def pretraining_gain(r: TaskEvaluation, variants: Mapping[str, Shown]) -> list[str]:
     """How far each variant that starts from the pretrained model lands from the first variant with random
     weights (from_scratch: the same finetuning from random weights) on the first split's first metric,
     beside the seeds' spread, in the table's order: whether pretraining helped. Nothing when no such
     variant was run."""
-    split_name = next(iter(r["splits"]))
-    scores, metric = r["splits"][split_name]["scores"], r["metrics"][0]
+    split_name = r.first_split_name
+    scores, metric = r.first_split.scores, r.metrics[0]
     scored = {model: score for model, score in scores.items() if model in variants and metric in score}
     baseline = next((model for model in scored if variants[model].random_init), None)
     if baseline is None:
@@ -266,26 +271,12 @@ def pretraining_gain(r: dict[str, Any], variants: Mapping[str, Shown]) -> list[s
             "spread is the larger std over seeds): " + "; ".join(parts) + ".", ""]
 
 
-def no_answer_table(r: dict[str, Any], variants: Mapping[str, Shown]) -> list[str]:
-    """SQuAD 2.0's breakdown (HasAns, NoAns, overall EM / F1) and each model's no-answer threshold, per
-    split, where a split has unanswerable questions."""
-    rows = []
-    for split, s in r["splits"].items():
-        for model, b in s.get("breakdown", {}).items():
-            if "no_answer_f1" not in b:
-                continue
-            threshold = s.get("threshold", {}).get(model)
-            shown = ("–" if threshold is None else "−∞ (answers no question)" if threshold == "-inf"
-                     else f"{threshold:.3f}")
-            cells = [f"{100 * b[f'{group}exact_match']:.1f} / {100 * b[f'{group}f1']:.1f}" if f"{group}f1" in b else "–"
-                     for group in ("has_answer_", "no_answer_", "")]
-            rows.append(f"| {row_label(model, s, variants)} | {split} | " + " | ".join(cells) + f" | {shown} |")
-    if not rows:
+def type_section(r: TaskEvaluation, variants: Mapping[str, Shown]) -> list[str]:
+    """The task type's own section of the report (lib.tasks.capabilities.Reported.report_section)."""
+    kind = TYPES[r.type]
+    if not isinstance(kind, Reported):
         return []
-    return ["| model | split | HasAns EM / F1 | NoAns EM / F1 | overall EM / F1 | no-answer threshold |",
-            "|---|---|---:|---:|---:|---:|", *rows, "",
-            "A question is answered \"no answer\" when its no-answer score exceeds the threshold, picked on dev "
-            "(the baseline's on train) as SQuAD 2.0's script picks it, and applied unchanged to the split.", ""]
+    return kind.report_section(r, lambda model, split: row_label(model, split, variants))
 
 
 def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
@@ -293,7 +284,7 @@ def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
     return "–" if timing is None else f"{timing['cpu']['p50_ms']:.1f} / {timing['cpu']['p95_ms']:.1f}"
 
 
-def row_label(model: str, split: dict[str, Any], variants: Mapping[str, Shown]) -> str:
+def row_label(model: str, split: SplitEvaluation, variants: Mapping[str, Shown]) -> str:
     """A model's name in the tables; the baselines say how many train examples they learned from
     (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
     base = model.removesuffix("_full_train")
@@ -301,20 +292,16 @@ def row_label(model: str, split: dict[str, Any], variants: Mapping[str, Shown]) 
         return variants[model].label
     if base not in BASELINES:
         return ROLES.get(model, model)
-    if model != base or split["train_examples"] == split["full_train_examples"]:
-        return f"{BASELINES[base]} (all {split['full_train_examples']:,} train)"
-    return f"{BASELINES[base]} (same {split['train_examples']:,} train as finetuning)"
+    if model != base or split.train_examples == split.full_train_examples:
+        return f"{BASELINES[base]} (all {split.full_train_examples:,} train)"
+    return f"{BASELINES[base]} (same {split.train_examples:,} train as finetuning)"
 
 
-def task_title(task: str, r: dict[str, Any]) -> str:
+def task_title(task: str, r: TaskEvaluation) -> str:
     """A task's name where a figure shows its scores, with what its data is where its params say
     (`data_label`: SQuAD's copies are the official dev set split by article)."""
-    label = (r.get("data") or {}).get("label")
+    label = (r.data or {}).get("label")
     return f"{task} ({label})" if label else task
-
-
-def _first_split_scores(r: dict[str, Any]) -> dict[str, Any]:
-    return r["splits"][next(iter(r["splits"]))]["scores"]
 
 
 def _score_range(values: list[float]) -> tuple[float, float]:
@@ -338,22 +325,22 @@ def _bars(ax, labels: list[str], values: list[float], errors: list[float], title
     ax.grid(axis="x", alpha=0.3)
 
 
-def scores_figure(results: dict[str, Any], path: Path, variants: Mapping[str, Shown]) -> Path | None:
+def scores_figure(results: dict[str, TaskEvaluation], path: Path, variants: Mapping[str, Shown]) -> Path | None:
     """A panel per task with more than one model (each model's score on the task's first split, error
     bars: std over seeds), stacked; the tasks scored by one model alone (a baseline: not finetuned) share
     one last panel, a bar each, rather than a panel of one bar each."""
     panels, single = [], []
     for task, r in results.items():
-        metric, split = r["metric"], next(iter(r["splits"]))
-        scores = {m: s for m, s in r["splits"][split]["scores"].items() if metric in s}
+        metric, split = r.metric, r.first_split_name
+        scores = {m: s for m, s in r.first_split.scores.items() if metric in s}
         if len(scores) > 1:
-            panels.append(([row_label(m, r["splits"][split], variants) for m in scores],
+            panels.append(([row_label(m, r.first_split, variants) for m in scores],
                            [100 * s[metric] for s in scores.values()],
                            [100 * s.get(f"{metric}_std", 0.0) for s in scores.values()],
                            task_title(task, r), f"{metric} (%) on {split}"))
         elif scores:
             model, score = next(iter(scores.items()))
-            single.append((f"{task_title(task, r)}: {row_label(model, r['splits'][split], variants)}",
+            single.append((f"{task_title(task, r)}: {row_label(model, r.first_split, variants)}",
                            100 * score[metric], f"{metric} on {split}"))
     if single:
         panels.append(([f"{label}, {what}" for label, _, what in single], [value for _, value, _ in single],
@@ -371,13 +358,12 @@ def scores_figure(results: dict[str, Any], path: Path, variants: Mapping[str, Sh
     return path
 
 
-def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
+def speed_figure(results: dict[str, TaskEvaluation], path: Path) -> Path | None:
     """Score against CPU latency (batch 1, p50) for the teacher and student of each task, both axes from
     zero; the legend names each point with its score and latency (labels beside points close in score
     would overlap)."""
-    points = [(task_title(task, r), role, e["cpu"]["p50_ms"], 100 * _first_split_scores(r)[role][r["metric"]])
-              for task, r in results.items() for role, e in r.get("efficiency", {}).items()
-              if role in _first_split_scores(r)]
+    points = [(task_title(task, r), role, e["cpu"]["p50_ms"], 100 * r.first_split.scores[role][r.metric])
+              for task, r in results.items() for role, e in r.efficiency.items() if role in r.first_split.scores]
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 4.5))
@@ -399,12 +385,12 @@ def speed_figure(results: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
+def confusion_figure(task: str, matrices: dict[str, list[list[int]]], r: TaskEvaluation, path: Path,
+                     variants: Mapping[str, Shown]) -> Path:
     """The confusion matrix of each model that has one (rows: true label, columns: predicted), on one
     colour scale from zero; counts and label names on small ones, colour alone (label indices on the
     axes) on large ones."""
-    matrices = r["confusion"]
-    labels = r["label_names"]
+    labels = r.label_names
     # one colour scale from zero for every panel: the same count is the same colour, and a near-uniform
     # matrix looks near-uniform (each panel's own min-to-max scale made 12 vs 18 look like white vs navy)
     largest = max(max(map(max, matrix)) for matrix in matrices.values()) or 1
@@ -427,22 +413,21 @@ def confusion_figure(task: str, r: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def entity_figure(task: str, r: dict[str, Any], path: Path, variants: Mapping[str, Shown]) -> Path:
-    """Tagging: F1 per entity type (first split), a bar per model in each type's group."""
-    per_type = r["per_type"]
+def entity_figure(task: str, per_type: dict[str, dict[str, float]], r: TaskEvaluation, path: Path,
+                  variants: Mapping[str, Shown]) -> Path:
+    """F1 per entity type (first split), a bar per model in each type's group."""
     kinds = sorted({kind for scores in per_type.values() for kind in scores})
     models = list(per_type)
     height = 0.8 / len(models)
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.2 + 0.25 * len(kinds) * len(models) + 0.25 * len(models)))
-    split = r["splits"][next(iter(r["splits"]))]
     for n, model in enumerate(models):
         values = [100 * per_type[model].get(kind, 0.0) for kind in kinds]
         ax.barh([i + n * height for i in range(len(kinds))], values, height=height, color=f"C{n}",
-                label=row_label(model, split, variants))
+                label=row_label(model, r.first_split, variants))
     ax.set_yticks([i + height * (len(models) - 1) / 2 for i in range(len(kinds))], kinds, fontsize=LABEL_SIZE)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel(f"entity F1 (%) on {next(iter(r['splits']))}", fontsize=LABEL_SIZE)
+    ax.set_xlabel(f"entity F1 (%) on {r.first_split_name}", fontsize=LABEL_SIZE)
     ax.set_title(f"{task}: F1 per entity type", fontsize=TITLE_SIZE, loc="left")
     ax.legend(fontsize=LABEL_SIZE, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # below: no bar hidden
     ax.grid(axis="x", alpha=0.3)
@@ -452,25 +437,25 @@ def entity_figure(task: str, r: dict[str, Any], path: Path, variants: Mapping[st
     return path
 
 
-def scatter_figure(task: str, r: dict[str, Any], path: Path) -> Path:
-    """Regression: predicted against gold score (first split), a panel per model, on one square range
-    with the diagonal a perfect model would lie on."""
-    pairs = r["scatter"]
+def scatter_figure(task: str, pairs: dict[str, list[list[float]]], r: TaskEvaluation, path: Path,
+                   variants: Mapping[str, Shown]) -> Path:
+    """Predicted against gold score (first split), a panel per model, on one square range with the
+    diagonal a perfect model would lie on."""
     values = [v for points in pairs.values() for point in points for v in point]
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     margin = 0.03 * (high - low or 1.0)  # points on the edge stay whole
     low, high = low - margin, high + margin
     fig, axes = plt.subplots(1, len(pairs), figsize=(FIGURE_WIDTH, FIGURE_WIDTH / max(len(pairs), 2) + 0.6),
                              squeeze=False)
-    split = next(iter(r["splits"]))
+    split = r.first_split_name
     for ax, (model, points) in zip(axes[0], pairs.items()):
         ax.scatter([g for g, _ in points], [p for _, p in points], s=8, alpha=0.5, color="tab:blue")
         ax.plot([low, high], [low, high], color="grey", linewidth=1)
         ax.set_xlim(low, high)
         ax.set_ylim(low, high)
         ax.set_aspect("equal", adjustable="box")
-        score = r["splits"][split]["scores"].get(model, {}).get(r["metric"])
-        shown = f", {r['metric']} {100 * score:.1f}" if score is not None else ""
+        score = r.first_split.scores.get(model, {}).get(r.metric)
+        shown = f", {r.metric} {100 * score:.1f}" if score is not None else ""
         ax.set_title(f"{task}: {ROLES.get(model, model)}{shown}", fontsize=TITLE_SIZE)
         ax.set_xlabel(f"gold ({split})", fontsize=LABEL_SIZE)
         ax.set_ylabel("predicted", fontsize=LABEL_SIZE)
@@ -480,3 +465,7 @@ def scatter_figure(task: str, r: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+# How each kind of plot a type declares is drawn (lib.tasks.capabilities.Plot.drawing), in the report's order
+DRAWINGS: dict[str, Callable[..., Path]] = {MATRIX: confusion_figure, BARS: entity_figure, SCATTER: scatter_figure}

@@ -9,13 +9,17 @@ A type says, for lib/training/finetune.py's one fit loop:
 - the forward pass over a batch (multiple choice runs the encoder over every choice), the loss, and
   how many units (examples, tagged tokens) the loss averages over, so data-parallel ranks weigh
   their shares of a batch;
-- predictions per example and the scores of a split (`score`), with what the evaluation split takes
-  from dev (`calibration`: SQuAD 2.0's no-answer threshold);
+- predictions per example and the scores of a split (`score`);
 - what params may say of it (its metrics and their defaults, whether label_names apply, the
   text_pair_field it needs: `check`, run by `check_tasks` for every stage that reads `tasks`);
-- its soft loss for distillation, its train-only baseline (lib/metrics/baselines.py) and how a
-  timed call reads, the shape of its transformers task model and config keys for export
-  (lib/tasks/model.py), what its fields hold for decontamination (`field_kinds`).
+- its soft loss for distillation and how a timed call reads, the shape of its transformers task model
+  and config keys for export (lib/tasks/model.py), what its fields hold for decontamination (`field_kinds`).
+
+What only some types have they declare as capabilities (lib/tasks/capabilities.py), subclassed beside
+TaskType: a train-only baseline (`Baselined`, lib/metrics/baselines.py), a setting the evaluation split
+takes from dev (`Calibrated`: SQuAD 2.0's no-answer threshold), zero-shot prompting (`ZeroShot`), and
+the extras of its scores the evaluation keeps, their plots and the type's own section of the report
+(`Reported`).
 
 Beside the types: the task model every type trains (model.py: a backbone and a head, and its saved folder)
 and the one scoring path (scoring.py: a model's predictions and scores on a split of any type), used by
@@ -27,6 +31,7 @@ No other file names a type (tests/test_layout.py fails on a type's name as a str
 from lib.config.params import Params, ParamsError, TaskConfig, check_choice
 from lib.tasks import classification, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import TaskType
+from lib.tasks.capabilities import ZeroShot
 
 TYPES: dict[str, TaskType] = {t.name: t for t in (classification.TYPE, regression.TYPE, tagging.TYPE, span_qa.TYPE,
                                                   multiple_choice.TYPE)}
@@ -81,7 +86,7 @@ def check_tasks(params: Params) -> None:
         check_task(cfg, f"tasks.{name}")
     for name in params.evaluate.zero_shot:  # Params.validate: every name is a task's
         kind = task_type(params.tasks[name])
-        if not kind.zero_shot:
+        if not isinstance(kind, ZeroShot):
             raise ParamsError(f"evaluate.zero_shot.{name}: {name} is {kind.name}, which has no zero-shot prompting: "
                               "remove the entry")
     for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.config.errors import UserError
-from lib.config.params import EvaluateConfig, ParamsError, TaskConfig
+from lib.config.params import ParamsError, TaskConfig
 from lib.data.sources import drop_undecodable, read_rows, split_columns
 
 UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)
@@ -121,8 +121,6 @@ class TaskType:
     # the shape of transformers' task model this type exports as (lib.models.families.base: each family
     # names its class of that shape, if it has one); None: none
     task_model: str | None = None
-    baseline: str  # the name the evaluation reports the type's train-only baseline under
-    baseline_label: str  # and how the report shows it
     timed: str  # what one timed call of a model is, for the report ({seq_len}: evaluate.latency_seq_len)
     aux_lm = False  # finetune.aux_lm_weight: an auxiliary LM loss on the task's texts
     # the frozen variant's probe: scikit-learn's logistic regression on the features (its cross-entropy is
@@ -130,8 +128,6 @@ class TaskType:
     logistic_probe = False
     unlabeled_transfer = False  # distill.unlabeled: in-domain texts the teacher labels for the student
     served = False  # lib/serving predicts it from raw text (TextClassifier, ONNX Runtime, MLflow pyfunc)
-    zero_shot = False  # evaluate.zero_shot: an LM prompted with a label word per class
-    calibrated = False  # `score` of the evaluation split takes a setting from dev's (`calibration`)
 
     # params -------------------------------------------------------------------------------------
     def check(self, cfg: TaskConfig, key: str) -> None:
@@ -275,10 +271,6 @@ class TaskType:
         raise NotImplementedError
 
     # scoring -------------------------------------------------------------------------------------
-    def class_names(self, task: TaskData) -> list[str] | None:
-        """The rows and columns of the confusion matrix `score` gives, None where it gives none."""
-        return None
-
     def predict(self, outputs: torch.Tensor, examples: Sequence, task: TaskData) -> list:
         """One prediction per example of a batch, on the CPU."""
         raise NotImplementedError
@@ -286,12 +278,9 @@ class TaskType:
     def score(self, task: TaskData, split: str, predictions: list, metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """({metric: value} of `predictions` (one per example of task.<split>), extras: what the
-        evaluation split takes from dev's (calibration), a confusion matrix, a breakdown)."""
+        evaluation split takes from dev's (`calibration`, a Calibrated type's), a confusion matrix, a
+        breakdown; those the evaluation keeps, a Reported type declares)."""
         raise NotImplementedError
-
-    def scatter(self, task: TaskData, predictions: list) -> list[list[float]] | None:
-        """[gold, predicted] per evaluation item, where the report draws one against the other."""
-        return None
 
     def check_labels(self, saved: list[str], task: TaskData, where: str) -> None:
         """Raise UserError (naming `where`, a saved model) when the model's label names `saved` do not fit
@@ -316,13 +305,6 @@ class TaskType:
         return soft_loss(student, teacher, temperature)
 
     # evaluation -----------------------------------------------------------------------------------
-    def baseline_scores(self, task: TaskData, train: list, metrics: list[str],
-                        settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:
-        """(scores, extras as `score` gives them) of the type's baseline (lib.metrics.baselines) fit on
-        the `train` items (tuned on task's dev items where it has a setting to choose), on task's
-        evaluation items."""
-        raise NotImplementedError
-
     def latency_batch(self, info: dict[str, Any]) -> int:
         """The sequences one timed call runs (multiple choice: every choice of a question)."""
         return 1

@@ -27,6 +27,7 @@ from lib.metrics.baselines import tfidf_baseline
 from lib.metrics.scores import compute_metrics, confusion_matrix
 from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, read_split, smallest_hashes, text_hash
+from lib.tasks.capabilities import CONFUSION, Baselined, Reported, ZeroShot
 
 
 @dataclass
@@ -167,7 +168,7 @@ def collate(examples: Sequence[Example], pad_id: int) -> Batch:
     return Batch(input_ids, segment_ids, attention_mask, torch.tensor([e.label for e in examples], dtype=torch.long))
 
 
-class Classification(TaskType):
+class Classification(TaskType, Baselined, ZeroShot, Reported):
     name = "classification"
     metrics = ("accuracy", "f1", "mcc")
     default_metrics = ("accuracy",)
@@ -180,7 +181,7 @@ class Classification(TaskType):
     logistic_probe = True
     unlabeled_transfer = True
     served = True
-    zero_shot = True
+    kept_extras = (CONFUSION,)
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Row], dict[str, int]]:
         """The rows with text, labels as read. An evaluation split whose labels are all missing (GLUE marks
@@ -231,7 +232,7 @@ class Classification(TaskType):
         """TF-IDF + logistic regression, its C picked on dev among evaluate.tfidf_c."""
         fit = tfidf_baseline(train, task.references["dev"], task.references["eval"], len(task.label_names), metrics,
                              c_grid=tuple(settings.tfidf_c))
-        return {**fit["eval"], "c": fit["c"], "seconds": fit["seconds"]}, {"confusion": fit["confusion"]}
+        return {**fit["eval"], "c": fit["c"], "seconds": fit["seconds"]}, {CONFUSION.name: fit["confusion"]}
 
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         return F.cross_entropy(outputs.float(), batch["labels"])
@@ -250,7 +251,7 @@ def scores_of(predicted: torch.Tensor, labels: torch.Tensor, metrics: list[str],
               n_classes: int) -> tuple[dict[str, float], dict[str, Any]]:
     """(metrics, {"confusion": matrix, rows = true class}) of predicted classes."""
     return (compute_metrics(metrics, predicted, labels, n_classes),
-            {"confusion": confusion_matrix(predicted, labels, n_classes).tolist()})
+            {CONFUSION.name: confusion_matrix(predicted, labels, n_classes).tolist()})
 
 
 TYPE = Classification()

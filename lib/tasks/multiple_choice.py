@@ -31,6 +31,7 @@ from lib.metrics.scores import choice_accuracy, confusion_matrix
 from lib.models.families.base import MULTIPLE_CHOICE
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
+from lib.tasks.capabilities import CONFUSION, Baselined, Reported
 
 
 class Question(NamedTuple):
@@ -108,7 +109,7 @@ def loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(scores.float(), batch["labels"])
 
 
-class MultipleChoice(TaskType):
+class MultipleChoice(TaskType, Baselined, Reported):
     """The encoder runs over every (context, ending) sequence of a batch, (B * n_choices, T); the head
     scores each sequence's summary state (one output), viewed back as (B, n_choices)."""
 
@@ -126,6 +127,7 @@ class MultipleChoice(TaskType):
     baseline_label = "TF-IDF ending cosine"
     timed = ("one question per call: its {n} (context, ending) sequences of {seq_len} tokens as one batch of {n}; "
              "throughput in sequences/s (÷ {n} for questions/s)")
+    kept_extras = (CONFUSION,)  # over the endings: whether a model favours a position
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
         undecodable = Counter()
@@ -168,7 +170,7 @@ class MultipleChoice(TaskType):
         labels = [e.label for e in (task.dev if split == "dev" else task.eval)]
         chosen = [max(range(len(scores)), key=scores.__getitem__) for scores in predictions]  # the first on a tie
         return ({"accuracy": choice_accuracy(predictions, labels)},
-                {"confusion": confusion_matrix(chosen, labels, task.info["n_choices"]).tolist()})
+                {CONFUSION.name: confusion_matrix(chosen, labels, task.info["n_choices"]).tolist()})
 
     def class_names(self, task: TaskData) -> list[str]:
         return [f"ending {i}" for i in range(task.info["n_choices"])]

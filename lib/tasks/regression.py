@@ -35,6 +35,17 @@ from lib.metrics.scores import pearson, spearman
 from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import TaskType, read_split
 from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.capabilities import SCATTER, Baselined, Extra, Plot, Reported
+
+
+def _pairs(pairs: list[list[float]], class_names: list[str]) -> list[list[float]]:
+    return pairs
+
+
+# [gold, predicted] per evaluation item of a model (a baseline has no predictions of its own to keep): the
+# report draws one against the other
+PREDICTED_VS_GOLD = Extra("scatter", saved=False,
+                          plot=Plot("predicted_vs_gold", ("gold", "predicted"), _pairs, SCATTER))
 
 
 class Scored(NamedTuple):
@@ -118,7 +129,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class Regression(TaskType):
+class Regression(TaskType, Baselined, Reported):
     """The model puts out a standardised score (z = (score - mean) / std of the train scores, kept in the
     task's info and saved with the model), learnt by MSE in those units; predictions are z * std + mean."""
 
@@ -129,6 +140,7 @@ class Regression(TaskType):
     baseline = "tfidf_similarity"
     baseline_label = "TF-IDF cosine"
     timed = "one sentence pair of {seq_len} tokens per call"
+    kept_extras = (PREDICTED_VS_GOLD,)
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Scored], dict[str, int]]:
         fields = {"a": "text_field", "label": "label_field", **({"b": "text_pair_field"} if cfg.text_pair_field else {})}
@@ -179,8 +191,9 @@ class Regression(TaskType):
         functions = {"pearson": pearson, "spearman": spearman}
         return {m: functions[m](predictions, gold) for m in metrics}, {}
 
-    def scatter(self, task: TaskData, predictions: list[float]) -> list[list[float]]:
-        return [[item.value, value] for item, value in zip(task.references["eval"], predictions)]
+    def prediction_extras(self, task: TaskData, predictions: list[float]) -> dict[str, Any]:
+        pairs = [[item.value, value] for item, value in zip(task.references["eval"], predictions)]
+        return {PREDICTED_VS_GOLD.name: pairs}
 
     def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
                   temperature: float) -> torch.Tensor:

@@ -34,9 +34,10 @@
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +51,21 @@ from lib.metrics.scores import apply_no_answer_threshold, best_no_answer_thresho
 from lib.models.families.base import QUESTION_ANSWERING
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
+from lib.tasks.capabilities import Baselined, Calibrated, Extra, Reported
 
 NO_ANSWER = 0  # the [bos] position: the target and the score of "no answer"
+
+
+def _threshold_json(threshold: float) -> float | str:
+    """The threshold as metrics/evaluate.json holds it: JSON has no infinity, so "-inf" (a baseline that
+    answers no question) is a string."""
+    return threshold if math.isfinite(threshold) else str(threshold)
+
+
+# SQuAD 2.0's no-answer threshold (the Calibrated setting, picked on dev) and the HasAns / NoAns scores
+# beside the overall ones, per split: the type's section of the report
+THRESHOLD = Extra("threshold", per_split=True, as_json=_threshold_json)
+BREAKDOWN = Extra("breakdown", per_split=True)
 
 
 @dataclass
@@ -258,7 +272,7 @@ def _best_span(starts: torch.Tensor, ends: torch.Tensor, candidate: list[bool],
     return scores.flatten()[flat].item(), first, first + length
 
 
-class SpanQA(TaskType):
+class SpanQA(TaskType, Baselined, Calibrated, Reported):
     """Start and end logits from the head's two outputs at every position; questions fall into train or
     dev by their context, so no paragraph is in both. Predictions are per window, decoded per question
     when a split is scored; on SQuAD 2.0 data (a train question without answers) the no-answer
@@ -267,13 +281,13 @@ class SpanQA(TaskType):
     name = "span_qa"
     metrics = default_metrics = ("f1", "exact_match")
     pair_role = "context"
-    calibrated = True  # SQuAD 2.0's no-answer threshold, picked on dev
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
     task_model = QUESTION_ANSWERING  # a linear layer on every state to start and end logits
     baseline = "overlap_qa"
     baseline_label = "word-overlap QA"
     timed = "one window of {seq_len} tokens per call (a longer context takes several)"
+    kept_extras = (THRESHOLD, BREAKDOWN)
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Question], dict[str, int]]:
         fields = {"question": "text_field", "context": "text_pair_field", "answers": "label_field"}
@@ -315,13 +329,34 @@ class SpanQA(TaskType):
                                   task.info["max_answer_len"])
         extras: dict[str, Any] = {}
         if task.info["unanswerable"]:
-            threshold = (calibration or {}).get("threshold")
+            threshold = (calibration or {}).get(THRESHOLD.name)
             if threshold is None:
                 threshold = best_no_answer_threshold(texts, golds(questions), no_answer)["best_f1_threshold"]
             texts = apply_no_answer_threshold(texts, no_answer, threshold)
-            extras["threshold"] = threshold
+            extras[THRESHOLD.name] = threshold
         scores = squad_scores(texts, golds(questions))
-        return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
+        return {m: scores[m] for m in metrics}, {**extras, BREAKDOWN.name: scores}
+
+    def report_section(self, result: Any, row_label: Callable[[str, Any], str]) -> list[str]:
+        """SQuAD 2.0's breakdown (HasAns, NoAns, overall EM / F1) and each model's no-answer threshold, per
+        split, where a split has unanswerable questions."""
+        rows = []
+        for split, scored in result.splits.items():
+            for model, breakdown in scored.extras.get(BREAKDOWN.name, {}).items():
+                if "no_answer_f1" not in breakdown:
+                    continue
+                threshold = scored.extras.get(THRESHOLD.name, {}).get(model)
+                shown = ("–" if threshold is None else "−∞ (answers no question)" if threshold == "-inf"
+                         else f"{threshold:.3f}")
+                cells = [f"{100 * breakdown[f'{group}exact_match']:.1f} / {100 * breakdown[f'{group}f1']:.1f}"
+                         if f"{group}f1" in breakdown else "–" for group in ("has_answer_", "no_answer_", "")]
+                rows.append(f"| {row_label(model, scored)} | {split} | " + " | ".join(cells) + f" | {shown} |")
+        if not rows:
+            return []
+        return ["| model | split | HasAns EM / F1 | NoAns EM / F1 | overall EM / F1 | no-answer threshold |",
+                "|---|---|---:|---:|---:|---:|", *rows, "",
+                "A question is answered \"no answer\" when its no-answer score exceeds the threshold, picked on dev "
+                "(the baseline's on train) as SQuAD 2.0's script picks it, and applied unchanged to the split.", ""]
 
     def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
                   temperature: float) -> torch.Tensor:
@@ -336,8 +371,8 @@ class SpanQA(TaskType):
         items = task.references["eval"]
         model = OverlapQA.fit(train, no_answer=bool(task.info.get("unanswerable")))
         scores = squad_scores(model.answers(items), golds(items))
-        extras = {"threshold": model.threshold} if model.threshold is not None else {}
-        return {m: scores[m] for m in metrics}, {**extras, "breakdown": scores}
+        extras = {THRESHOLD.name: model.threshold} if model.threshold is not None else {}
+        return {m: scores[m] for m in metrics}, {**extras, BREAKDOWN.name: scores}
 
 
 def masked_soft_loss(student: torch.Tensor, teacher: torch.Tensor, allowed: torch.Tensor,

@@ -46,8 +46,17 @@ from lib.metrics.scores import confusion_matrix, entity_scores
 from lib.models.families.base import TOKEN_CLASSIFICATION
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, label_config, read_split, soft_loss
+from lib.tasks.capabilities import BARS, CONFUSION, Baselined, Extra, Plot, Reported
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
+
+
+def _entity_rows(f1: dict[str, float], class_names: list[str]) -> list[tuple[str, float]]:
+    return sorted(f1.items())
+
+
+# F1 per entity type (first split), in metrics/evaluate.json and drawn as a bar per model for each type
+ENTITY_F1 = Extra("per_type", plot=Plot("entity_f1", ("entity_type", "f1"), _entity_rows, BARS))
 OUTSIDE = "O"
 
 
@@ -180,7 +189,7 @@ def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_nam
     return predicted
 
 
-class Tagging(TaskType):
+class Tagging(TaskType, Baselined, Reported):
     """A tag per word from the head's outputs at the word's tag-carrying subword; the loss's mean is over
     the tagged positions, so `units` counts them."""
 
@@ -194,6 +203,7 @@ class Tagging(TaskType):
     baseline = "lexicon"
     baseline_label = "lexicon tagger"
     timed = "one sentence of {seq_len} tokens per call, a tag per token"
+    kept_extras = (ENTITY_F1, CONFUSION)  # the confusion matrix over the tags of words
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Sentence], dict[str, int]]:
         undecodable = Counter()
@@ -240,7 +250,7 @@ class Tagging(TaskType):
         index = {tag: i for i, tag in enumerate(task.label_names)}
         words = [(index[g], index[p]) for gold_tags, tags in zip(gold, predictions) for g, p in zip(gold_tags, tags)]
         confusion = confusion_matrix([p for _, p in words], [g for g, _ in words], len(task.label_names))
-        return {m: scores[m] for m in metrics}, {"per_type": scores["per_type"], "confusion": confusion.tolist()}
+        return {m: scores[m] for m in metrics}, {ENTITY_F1.name: scores["per_type"], CONFUSION.name: confusion.tolist()}
 
     def check_labels(self, saved: list[str], task: TaskData, where: str) -> None:
         if sorted(saved) != sorted(task.label_names):

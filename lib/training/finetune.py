@@ -31,6 +31,7 @@ from lib.data.encoding import batch_indices
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData
 from lib.tasks.base import move
+from lib.tasks.capabilities import Calibrated
 from lib.tasks.model import TaskModel, lm_loss
 from lib.tasks.scoring import score_split
 from lib.training.epoch_loop import EpochLoop
@@ -106,7 +107,7 @@ def transfer_scores(model: TaskModel, task: TaskData, transfers: dict[str, TaskD
     model.to(device)
     batch = cfg.batch_size * 2
     calibration = score_split(model, task, "dev", metrics, batch, pad_id, device, impl)[1] \
-        if TYPES[task.type].calibrated else None
+        if isinstance(TYPES[task.type], Calibrated) else None
     scores = {name: score_split(model, other, "eval", metrics, batch, pad_id, device, impl, calibration=calibration)[0]
               for name, other in transfers.items()}
     model.to("cpu")
