@@ -283,6 +283,15 @@ class TaskType:
         """One prediction per example of a batch, on the CPU."""
         raise NotImplementedError
 
+    def predict_batch(self, model: nn.Module, batch: dict[str, torch.Tensor], examples: Sequence,
+                      task: TaskData) -> list:
+        """One prediction per example of a collated batch (on the model's device), on the CPU: what
+        lib.tasks.scoring runs per batch, at the run's precision. By default the forward pass read by
+        `predict`; a type that generates its predictions (rather than reading them off one forward pass)
+        generates here, and is still batched, spread over ranks and scored as every type is."""
+        outputs, _ = self.forward(model, batch)
+        return self.predict(outputs.cpu(), examples, task)
+
     def score(self, task: TaskData, split: str, predictions: list, metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """({metric: value} of `predictions` (one per example of task.<split>), extras: what the
