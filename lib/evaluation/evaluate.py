@@ -9,7 +9,7 @@ of train. It keeps what the report draws (confusion matrices, per-entity-type F1
 vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on CPU
 (lib.evaluation.efficiency).
 
-A type that lib/serving serves (`served`) also gets: its models exported to ONNX and timed in ONNX
+A type that lib/serving serves (`Served`) also gets: its models exported to ONNX and timed in ONNX
 Runtime on CPU at batch 1 on torch's threads, beside their PyTorch latency, and the student's graph
 with int8 weights (ONNX Runtime's dynamic quantization, what a CPU deployment would run) scored on
 every split as the others are; and, where evaluate.zero_shot has a prompt and the LM is causal,
@@ -33,6 +33,7 @@ from lib.models.architectures import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData
+from lib.tasks.capabilities import Served
 from lib.tasks.model import load_task_model
 from lib.tasks.scoring import predict_all, score_split
 
@@ -52,7 +53,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")  # scored and timed at deployment precision
     loaded = {role: load_task_model(folder, device) for role, folder in models.items()}
-    onnx = onnx_classifiers(models) if kind.served else {}
+    onnx = onnx_classifiers(models) if isinstance(kind, Served) else {}
     result: dict[str, Any] = {"type": kind.name, "metric": metrics[0], "metrics": metrics, "splits": {},
                               "confusion": {}, "language": task_cfg.language}
     if train_from:
@@ -119,8 +120,8 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     notes = [f"Evaluated on {', '.join(result['splits'])}: {', '.join(unlabeled)} has no labels."] if unlabeled else []
     if zero_shot_note is not None:
         notes.append(zero_shot_note)
-    if not kind.served and not train_from:  # a transfer task has no models of its own to serve
-        served = ", ".join(other.name for other in TYPES.values() if other.served)
+    if not isinstance(kind, Served) and not train_from:  # a transfer task has no models of its own to serve
+        served = ", ".join(other.name for other in TYPES.values() if isinstance(other, Served))
         notes.append(f"ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are for "
                      f"{served} tasks so far: none of them was run for this {kind.name} task.")
     for note in notes:

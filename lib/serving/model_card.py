@@ -27,14 +27,14 @@ from lib.core import tracking
 from lib.data.sources import parse_hub
 from lib.models.config import TransformerConfig
 from lib.models.folder import read_config, read_config_json
+from lib.tasks import saved_type
+from lib.tasks.capabilities import Exported
 
 CARD_FILE = "README.md"
 PIPELINE = "transfer-pipeline"  # the project: every card's tag
 LICENSE = "apache-2.0"  # the project's
-# the hub's task (pipeline_tag) of a transformers class, by how the class name ends: a task model's ...
-TASK_CLASSES = {"ForSequenceClassification": "text-classification", "ForTokenClassification": "token-classification",
-                "ForQuestionAnswering": "question-answering", "ForMultipleChoice": "multiple-choice"}
-# ... and a language model's
+# the hub's task (pipeline_tag) of a language model's transformers class, by how the class name ends (a task
+# model's is its type's: lib.tasks.capabilities.Exported.pipeline_tag)
 LM_CLASSES = {"ForMaskedLM": "fill-mask", "ForCausalLM": "text-generation", "LMHeadModel": "text-generation"}
 STAGE_TAGS = {"pretrain": "pretraining", "adapt": "domain-adaptation", "finetune": "finetuned",
               "distill": "distillation"}
@@ -63,8 +63,8 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     license = before.data.license if before else None if checkpoint else LICENSE
     task = measured.get("task")
     cfg, cls = read_config(folder), transformers_class(folder)
-    loads = cls is not None and (task is None or _hub_task(cls, True) is not None)  # as the model it is
-    hub_task = _hub_task(cls, task is not None)
+    hub_task = _hub_task(cls, measured)
+    loads = cls is not None and (task is None or hub_task is not None)  # as the model it is
     if cfg.causal and hub_task == "fill-mask":  # an ESM (which has no causal class) that predicts the next token
         hub_task = None
     if not cfg.causal and hub_task == "text-generation":  # XLMWithLMHeadModel, a masked LM where bidirectional
@@ -94,11 +94,14 @@ def transformers_class(folder: Path) -> str | None:
     return config["architectures"][0] if "model_type" in config and config.get("architectures") else None
 
 
-def _hub_task(cls: str | None, task_model: bool) -> str | None:
-    """The hub's pipeline_tag of a task model (`task_model`) or language model whose transformers class is
-    `cls`; None where the class is not one (a task model in lib's layout has its backbone's class)."""
-    classes = TASK_CLASSES if task_model else LM_CLASSES
-    return next((tag for end, tag in classes.items() if cls and cls.endswith(end)), None)
+def _hub_task(cls: str | None, m: dict[str, Any]) -> str | None:
+    """The hub's pipeline_tag of the model whose transformers class is `cls`: a task model's (`m` names its
+    task) where `cls` is its Exported type's task model, a language model's by how `cls` ends; None where
+    the class is not one (a task model in lib's layout has its backbone's class)."""
+    if m.get("task") is None:
+        return next((tag for end, tag in LM_CLASSES.items() if cls and cls.endswith(end)), None)
+    kind = saved_type(m)
+    return kind.pipeline_tag if isinstance(kind, Exported) and cls and cls.endswith(kind.task_model) else None
 
 
 def _role(stage: str) -> str:
