@@ -13,8 +13,8 @@ regression rather than L-BFGS on the type's loss). Each is a yes or no with no m
 default (no) is a true answer for any type, one that generates too: a capability with nothing to hold would
 be the same flag spelled as a base class.
 
-This module imports nothing of lib.tasks: lib.tasks.model (which the types' TaskType builds its models with)
-reads it.
+This module imports nothing of lib.tasks: lib.tasks.model reads it (Exported), and lib.tasks.base builds the
+types' models with lib.tasks.model, so an import of lib.tasks.base here would close a cycle.
 """
 from __future__ import annotations
 
