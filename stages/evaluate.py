@@ -40,6 +40,7 @@ from lib.evaluation.result import TaskEvaluation
 from lib.models.folder import load_model
 from lib.serving.predict import log_pyfunc
 from lib.tasks import TYPES, check_tasks
+from lib.tasks.capabilities import Served
 from lib.tasks.model import META_FILE
 from lib.training.variants import VARIANTS
 
@@ -89,7 +90,7 @@ def pyfunc_models(results: dict[str, TaskEvaluation], teachers: Path, students: 
     """(folder, artifact name, the task's main metric) of each teacher and student logged as an MLflow pyfunc
     model and registered: those of the tasks whose type lib.serving.predict serves."""
     return [(folder / name, f"{name}-{role}", r.metric) for name, r in results.items()
-            if TYPES[r.type].served
+            if isinstance(TYPES[r.type], Served)
             for role, folder in (("teacher", teachers), ("student", students)) if (folder / name).is_dir()]
 
 

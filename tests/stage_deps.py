@@ -36,11 +36,12 @@ def module_file(module: str) -> Path | None:
 
 @functools.cache
 def imports_of(path: Path) -> frozenset[Path]:
-    """Project files that `path` imports anywhere in it (function-level imports too): `from lib import x`
+    """Project files that `path` imports anywhere in it (function-level imports too, annotation-only ones
+    under `if TYPE_CHECKING:` not, as they never run): `from lib import x`
     names the module lib.x, `from lib.x import y` the module lib.x (or lib.x.y when that is a module),
     and every package above a module (its __init__.py runs first)."""
     found = set()
-    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+    for node in ast.walk(_without_type_checking(ast.parse((ROOT / path).read_text()))):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -53,6 +54,17 @@ def imports_of(path: Path) -> frozenset[Path]:
     if path.name == "__init__.py" and str(path.parent) in IMPORTED_BY_NAME:
         found |= {p.relative_to(ROOT) for p in (ROOT / path.parent).glob("*.py")}
     return frozenset(found)
+
+
+def _without_type_checking(tree: ast.Module) -> ast.Module:
+    """The module without its `if TYPE_CHECKING:` blocks: imports for annotations only, which never run."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                setattr(node, name, [child for child in block if not (
+                    isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING")])
+    return tree
 
 
 def docstring_only(path: Path) -> bool:

@@ -235,6 +235,26 @@ def test_task_fields(chdir_root, tmp_path, default_params):
     assert "tasks.sst2.max_len: 1024 is above model.max_positions (512)" in error_of(tmp_path, default_params)
 
 
+def test_a_task_distill_trains_needs_a_distilled_type(chdir_root, tmp_path, default_params, monkeypatch):
+    """A type without the Distilled capability (here a fake one, registered for this test only) has no soft loss:
+    a distill.tasks entry of it fails at the start, naming the entry."""
+    from lib import tasks
+    from lib.tasks.base import TaskType
+
+    class Undistilled(TaskType):
+        name = "fake"
+        metrics = default_metrics = ("accuracy",)
+
+    monkeypatch.setitem(tasks.TYPES, Undistilled.name, Undistilled())
+    default_params["tasks"]["mrpc"].update(type=Undistilled.name, label_names=None, metrics=None)
+    default_params["finetune"]["tasks"] = ["sst2", "mrpc"]
+    default_params["distill"]["tasks"] = ["sst2", "mrpc"]
+    assert "distill.tasks[1]: 'mrpc' is a fake task, which has no distillation; list distill.tasks without it" \
+           in error_of(tmp_path, default_params)
+    default_params["distill"]["tasks"] = ["sst2"]
+    load(tmp_path, default_params)
+
+
 @pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x..y", "", "-rf", "two\nlines"])
 def test_task_names_cannot_leave_their_folders(chdir_root, tmp_path, default_params, name):
     default_params["tasks"][name] = default_params["tasks"].pop("rte")

@@ -18,7 +18,7 @@ from lib.core import tracking
 from lib.core.distributed import Context
 from lib.tasks import TYPES, check_tasks, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import UNLABELED, TaskData
-from lib.tasks.base import soft_loss
+from lib.tasks.capabilities import soft_loss
 from lib.tasks.classification import Example
 from lib.tasks.model import HeadConfig, TaskModel, load_task_model, save_task_model
 from lib.tasks.scoring import score_split

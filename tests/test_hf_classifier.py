@@ -225,3 +225,25 @@ def test_a_ulmfit_block_of_a_new_type_saves_lib_layout_with_the_reason(folders, 
     line = save_task_model(model, tmp_path / "m", folders["tok"], {"type": "tagging", "label_names": ["O", "B-X", "I-X"]})
     assert line == "lib layout only: ULMFiT's classifier block has no transformers equivalent"
     assert load_task_model(tmp_path / "m")[0].head_cfg.features == "tokens"
+
+
+def test_a_type_that_is_not_exported_saves_lib_layout_with_the_reason(folders, tmp_path, monkeypatch):
+    """A head transformers has (BERT's plain one) of a type without the Exported capability (a fake type,
+    registered for this test only) is saved in lib's layout, and reads back through the type."""
+    from lib import tasks
+    from lib.tasks.base import TaskType
+
+    class Unexported(TaskType):
+        name = "fake"
+
+    monkeypatch.setitem(tasks.TYPES, Unexported.name, Unexported())
+    model, _ = load_task_model(folders["bert"])
+    line = save_task_model(model, tmp_path / "m", folders["tok"], {"type": Unexported.name, "label_names": TINY_LABELS})
+    assert line == "lib layout only: transformers has no task model for a fake task"
+    assert (tmp_path / "m" / HEAD_FILE).is_file()
+    assert json.loads((tmp_path / "m" / "classifier.json").read_text())["transformers"] == line
+    loaded, _ = load_task_model(tmp_path / "m")
+    ids = torch.tensor([[1, 5, 6, 2]])
+    inputs = (ids, torch.zeros_like(ids), ids > 0)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*inputs)[0], model(*inputs)[0])

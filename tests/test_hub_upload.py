@@ -16,7 +16,8 @@ from lib.config.params import load_params
 from lib.core.errors import run_main
 from lib.serving.hub_upload import main
 from lib.serving.model_card import CARD_FILE, write_model_card
-from lib.tasks.model import load_task_model
+from lib.tasks import saved_type
+from lib.tasks.model import card_facts, load_task_model
 from tests.helpers import ROOT, save_tiny_classifier, tiny_tokenizer
 
 TOKEN = "hf_stand_in_token"
@@ -90,7 +91,7 @@ def folder(tmp_path_factory) -> Path:
     source = save_tiny_classifier(root / "source", tiny_tokenizer(root / "tok"))
     _, info = load_task_model(source)
     measured = {**info, "task": "imdb", "type": "classification", "variant": "ulmfit", "seed": 1337, "dev": {"accuracy": 0.5}, "eval": None,
-                "eval_split": "test", "served": True, "params": 1, "best_epoch": 1,
+                "eval_split": "test", **card_facts(saved_type(info)), "params": 1, "best_epoch": 1,
                 "examples": {"train": 9, "dev": 1, "eval": 0}}
     write_model_card(source, "finetune", load_params(ROOT / "params.yaml"), measured)
     return source

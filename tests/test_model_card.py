@@ -16,7 +16,8 @@ from lib.models.folder import load_model
 from lib.objectives import build_objective
 from lib.serving.model_card import CARD_FILE, write_model_card
 from lib.serving.predict import TextClassifier
-from lib.tasks.model import load_task_model, plain_head, save_task_model
+from lib.tasks import saved_type
+from lib.tasks.model import card_facts, load_task_model, plain_head, save_task_model
 from lib.training.lm import save_model_folder
 from tests.helpers import (ROOT, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer,
                            write_params)
@@ -51,7 +52,7 @@ def keep_finetuned(model, out: Path, tokenizer_dir: Path, params, meta: dict, up
     """What lib.training.finetune_runs does with a task's best model: folder and card in one atomic write."""
     with atomic_dir(out) as tmp:
         line = save_task_model(model, tmp, tokenizer_dir, meta)
-        write_model_card(tmp, "finetune", params, {**meta, "transformers": line, "served": True, "params": 1234,
+        write_model_card(tmp, "finetune", params, {**meta, "transformers": line, **card_facts(saved_type(meta)), "params": 1234,
                                                    "best_epoch": 2, "examples": {"train": 90, "dev": 10, "eval": 40}},
                          upstream)
 

@@ -403,3 +403,33 @@ def test_sst2(tokenizer):
         assert all(e.ids[0] == BOS and e.ids[-1] == EOS and 3 <= len(e.ids) <= 64 for e in examples)
     lengths = [len(e.ids) for e in data.eval]  # full sentences: about 20 words
     assert 10 < sum(lengths) / len(lengths) < 64
+
+
+def test_a_type_that_generates_predicts_through_the_one_scoring_path(monkeypatch):
+    """predict_all runs a type's predict_batch on each collated batch (a fake type here, registered for this
+    test only, that "generates" each example's length): batched by length, predictions back in input order."""
+    from lib import tasks
+    from lib.config.params import ImplConfig
+    from lib.models.architectures import build_model
+    from lib.models.config import TransformerConfig
+    from lib.tasks.base import TaskData
+    from lib.tasks.model import HeadConfig, TaskModel
+    from lib.tasks.scoring import predict_all
+
+    batches = []
+
+    class Generating(type(TYPE)):
+        name = "fake"
+
+        def predict_batch(self, model, batch, examples, task):
+            batches.append(batch["input_ids"].shape)
+            return [f"{len(e.ids)} tokens" for e in examples]
+
+    monkeypatch.setitem(tasks.TYPES, Generating.name, Generating())
+    examples = [Example([1] + [5] * n + [2], [0] * (n + 2), 0) for n in (7, 1, 4, 1, 9, 3)]
+    task = TaskData("toy", ["a", "b"], [], [], examples, "test", {}, {}, type=Generating.name)
+    model = TaskModel(build_model(TransformerConfig(vocab_size=8, d_model=8, n_heads=2, n_layers=1, d_ff=16,
+                                                    max_positions=16)), HeadConfig(2, hidden=4))
+    predicted = predict_all(model, task, examples, 2, 0, torch.device("cpu"), ImplConfig(precision="fp32"))
+    assert predicted == [f"{len(e.ids)} tokens" for e in examples]
+    assert sorted(tuple(shape) for shape in batches) == [(2, 3), (2, 6), (2, 11)]  # the lengths 3 3, 5 6, 9 11

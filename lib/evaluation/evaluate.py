@@ -10,7 +10,7 @@ that the type declares (Reported.kept_extras: confusion matrices, per-entity-typ
 predicted vs gold for regression, HasAns / NoAns and the threshold for span QA) and times each model on
 CPU (lib.evaluation.efficiency). The result is a lib.evaluation.result.TaskEvaluation.
 
-A type that lib/serving serves (`served`) also gets: its models exported to ONNX and timed in ONNX
+A type that lib/serving serves (`Served`) also gets: its models exported to ONNX and timed in ONNX
 Runtime on CPU at batch 1 on torch's threads, beside their PyTorch latency, and the student's graph
 with int8 weights (ONNX Runtime's dynamic quantization, what a CPU deployment would run) scored on
 every split as the others are; and, where evaluate.zero_shot has a prompt and the LM is causal,
@@ -34,7 +34,7 @@ from lib.models.architectures import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData, TaskType
-from lib.tasks.capabilities import Baselined, Calibrated, Reported
+from lib.tasks.capabilities import Baselined, Calibrated, Reported, Served
 from lib.tasks.model import load_task_model
 from lib.tasks.scoring import predict_all, score_split
 
@@ -54,7 +54,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
     device = runtime.resolve_device(params.device)
     impl = replace(params.impl, precision="auto")  # scored and timed at deployment precision
     loaded = {role: load_task_model(folder, device) for role, folder in models.items()}
-    onnx = onnx_classifiers(models) if kind.served else {}
+    onnx = onnx_classifiers(models) if isinstance(kind, Served) else {}
     result = TaskEvaluation(kind.name, metrics[0], metrics, language=task_cfg.language,
                             transfer_from=train_from[0] if train_from else None)
     if "teacher" in loaded:
@@ -121,8 +121,8 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
         notes.append(f"{kind.name} tasks have no train-only baseline so far: none was scored.")
     if zero_shot_note is not None:
         notes.append(zero_shot_note)
-    if not kind.served and not train_from:  # a transfer task has no models of its own to serve
-        served = ", ".join(other.name for other in TYPES.values() if other.served)
+    if not isinstance(kind, Served) and not train_from:  # a transfer task has no models of its own to serve
+        served = ", ".join(other.name for other in TYPES.values() if isinstance(other, Served))
         notes.append(f"ONNX Runtime and its int8 student, zero-shot prompting and the MLflow pyfunc models are for "
                      f"{served} tasks so far: none of them was run for this {kind.name} task.")
     for note in notes:

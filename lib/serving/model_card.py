@@ -31,10 +31,8 @@ from lib.models.folder import read_config, read_config_json
 CARD_FILE = "README.md"
 PIPELINE = "transfer-pipeline"  # the project: every card's tag
 LICENSE = "apache-2.0"  # the project's
-# the hub's task (pipeline_tag) of a transformers class, by how the class name ends: a task model's ...
-TASK_CLASSES = {"ForSequenceClassification": "text-classification", "ForTokenClassification": "token-classification",
-                "ForQuestionAnswering": "question-answering", "ForMultipleChoice": "multiple-choice"}
-# ... and a language model's
+# the hub's task (pipeline_tag) of a language model's transformers class, by how the class name ends (a task
+# model's is its type's, lib.tasks.model.card_facts)
 LM_CLASSES = {"ForMaskedLM": "fill-mask", "ForCausalLM": "text-generation", "LMHeadModel": "text-generation"}
 STAGE_TAGS = {"pretrain": "pretraining", "adapt": "domain-adaptation", "finetune": "finetuned",
               "distill": "distillation"}
@@ -50,7 +48,8 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     - pretrain, adapt: the metrics the stage writes (metrics/<stage>.json);
     - finetune, distill: the classifier.json entries of the model (task, type, label_names, variant, seed,
       dev, eval_split, eval, encoding; distill's teacher) plus "transformers" (save_task_model's line),
-      "served" (whether lib.serving.predict classifies raw text with it), "params" (its parameter
+      lib.tasks.model.card_facts ("served": whether lib.serving.predict classifies raw text with it;
+      "task_model" and "pipeline_tag" of its transformers task model), "params" (its parameter
       count), "examples" ({train, dev, eval}: how many), "best_epoch", and distill's "teacher_scores"
       ({dev, eval}) and "transfer" ({labeled, unlabeled}).
     `upstream`: the folder the model's weights started from (the stage's input model), whose card's
@@ -63,8 +62,8 @@ def write_model_card(folder: Path, stage: str, params: Params, measured: dict[st
     license = before.data.license if before else None if from_init else LICENSE
     task = measured.get("task")
     cfg, cls = read_config(folder), transformers_class(folder)
-    loads = cls is not None and (task is None or _hub_task(cls, True) is not None)  # as the model it is
-    hub_task = _hub_task(cls, task is not None)
+    hub_task = _hub_task(cls, measured)
+    loads = cls is not None and (task is None or hub_task is not None)  # as the model it is
     if cfg.causal and hub_task == "fill-mask":  # an ESM (which has no causal class) that predicts the next token
         hub_task = None
     if not cfg.causal and hub_task == "text-generation":  # XLMWithLMHeadModel, a masked LM where bidirectional
@@ -94,11 +93,13 @@ def transformers_class(folder: Path) -> str | None:
     return config["architectures"][0] if "model_type" in config and config.get("architectures") else None
 
 
-def _hub_task(cls: str | None, task_model: bool) -> str | None:
-    """The hub's pipeline_tag of a task model (`task_model`) or language model whose transformers class is
-    `cls`; None where the class is not one (a task model in lib's layout has its backbone's class)."""
-    classes = TASK_CLASSES if task_model else LM_CLASSES
-    return next((tag for end, tag in classes.items() if cls and cls.endswith(end)), None)
+def _hub_task(cls: str | None, m: dict[str, Any]) -> str | None:
+    """The hub's pipeline_tag of the model whose transformers class is `cls`: a task model's (`m` names its
+    task) where `cls` is its type's transformers task model (lib.tasks.model.card_facts), a language model's by how `cls` ends; None where
+    the class is not one (a task model in lib's layout has its backbone's class)."""
+    if m.get("task") is None:
+        return next((tag for end, tag in LM_CLASSES.items() if cls and cls.endswith(end)), None)
+    return m.get("pipeline_tag") if cls and m.get("task_model") and cls.endswith(m["task_model"]) else None
 
 
 def _role(stage: str) -> str:

@@ -245,8 +245,8 @@ class OnnxClassifier(TextClassifier):
         # the folder's checks, tokenizer, labels and encoding are TextClassifier.load's, read once there
         reference = TextClassifier.load(model_dir, device="cpu", precision="fp32")
         forward = OnnxForward(inference_session(model, threads), reference.model.backbone.cfg.vocab_size)
-        return cls(forward, reference.tokenizer, reference.label_names, reference.encoding, reference.special,
-                   torch.device("cpu"), "fp32")
+        return cls(reference.kind, forward, reference.tokenizer, reference.label_names, reference.encoding,
+                   reference.special, torch.device("cpu"), "fp32")
 
 
 def export_onnx(model_dir: str | Path, out_file: str | Path | None = None, int8: bool = False) -> list[Path]:

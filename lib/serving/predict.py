@@ -2,9 +2,9 @@
 
 A prediction must see exactly the inputs training saw, so `TextClassifier` reads everything from the
 folder itself: the tokenizer (tokenizer.json), the layout and truncation (classifier.json's
-"encoding"), the special token ids (tokenizer_meta.json); it encodes as the classification type does
-and predicts through lib.tasks.scoring, the path finetune and evaluate score with. Texts are
-batched by length (little padding) and returned in input order.
+"encoding"), the special token ids (tokenizer_meta.json); it encodes as the model's task type does (a
+type lib/serving serves: lib.tasks.capabilities.Served) and predicts through lib.tasks.scoring, the path
+finetune and evaluate score with. Texts are batched by length (little padding) and returned in input order.
 
     from lib.serving.predict import TextClassifier
     clf = TextClassifier.load("models/finetune/imdb")
@@ -34,9 +34,10 @@ from lib.config.errors import UserError
 from lib.config.params import ImplConfig
 from lib.core import runtime
 from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
-from lib.tasks.base import UNLABELED, TaskData
-from lib.tasks.classification import TYPE, Row, encode_rows
-from lib.tasks.model import META_FILE, TaskModel, load_task_model, saved_type
+from lib.tasks import TYPES, saved_type
+from lib.tasks.base import TaskData
+from lib.tasks.capabilities import Served
+from lib.tasks.model import META_FILE, TaskModel, load_task_model
 from lib.tasks.scoring import predict_all
 
 if TYPE_CHECKING:
@@ -66,12 +67,13 @@ class TextClassifier:
     """A saved classifier that takes raw strings: `predict` gives label names, `predict_proba` class
     probabilities (columns in the order of `label_names`)."""
 
-    def __init__(self, model: TaskModel, tokenizer: Tokenizer, label_names: list[str], encoding: Encoding,
-                 special: dict[str, int], device: torch.device, precision: runtime.Precision = "fp32"):
-        self.model, self.tokenizer, self.label_names = model, tokenizer, label_names
+    def __init__(self, kind: Served, model: TaskModel, tokenizer: Tokenizer, label_names: list[str],
+                 encoding: Encoding, special: dict[str, int], device: torch.device,
+                 precision: runtime.Precision = "fp32"):
+        self.kind, self.model, self.tokenizer, self.label_names = kind, model, tokenizer, label_names
         self.encoding, self.special, self.device, self.precision = encoding, special, device, precision
         # the task as the saved model knows it: what lib.tasks.scoring reads to batch and run it
-        self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=TYPE.name,
+        self.task = TaskData("", label_names, [], [], None, "", {}, {}, type=kind.name,
                              language=None if model.language is None else model.backbone.cfg.languages[model.language])
 
     @classmethod
@@ -86,9 +88,10 @@ class TextClassifier:
         torch_device = runtime.resolve_device(device)
         resolved = runtime.resolve_precision(precision, torch_device, key="precision")
         model, info = load_task_model(model_dir, torch_device)
-        if saved_type(info) is not TYPE:
-            raise UserError(f"{model_dir}: a {saved_type(info).name} model; TextClassifier classifies texts with a "
-                            f"{TYPE.name} model")
+        kind = saved_type(info)
+        if not isinstance(kind, Served):
+            served = " or ".join(other.name for other in TYPES.values() if isinstance(other, Served))
+            raise UserError(f"{model_dir}: a {kind.name} model; TextClassifier classifies texts with a {served} model")
         try:
             encoding = Encoding(**info["encoding"])
             label_names = [str(name) for name in info["label_names"]]
@@ -103,7 +106,7 @@ class TextClassifier:
         except Exception as err:  # tokenizers raises a bare Exception for a missing or corrupt file
             raise UserError(f"{model_dir / TOKENIZER_FILE}: cannot read the tokenizer ({type(err).__name__}: {err}); "
                             "copy it from the tokenizer the classifier was trained with") from None
-        return cls(model, tokenizer, label_names, encoding, saved_special_ids(model_dir), torch_device, resolved)
+        return cls(kind, model, tokenizer, label_names, encoding, saved_special_ids(model_dir), torch_device, resolved)
 
     @property
     def pairs(self) -> bool:
@@ -123,12 +126,11 @@ class TextClassifier:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size is {batch_size!r}; pass a whole number of texts per batch, at least 1")
         texts, text_pairs = self._checked_inputs(texts, text_pairs)
-        rows = [Row(a, b, UNLABELED) for a, b in zip(texts, text_pairs or [None] * len(texts))]
-        examples, _ = encode_rows(rows, self.encoding, self.tokenizer, self.special)
+        examples = self.kind.encode_texts(texts, text_pairs, self.encoding, self.tokenizer, self.special)
         probabilities = predict_all(self.model, self.task, examples, batch_size, self.special["pad"], self.device,
                                     ImplConfig(precision=self.precision),
                                     read=lambda outputs, part: list(torch.softmax(outputs.float(), dim=-1).numpy()))
-        return np.array(probabilities, dtype=np.float32).reshape(len(rows), len(self.label_names))
+        return np.array(probabilities, dtype=np.float32).reshape(len(texts), len(self.label_names))
 
     def _checked_inputs(self, texts: Iterable[str],
                         text_pairs: Iterable[str] | None) -> tuple[list[str], list[str] | None]:

@@ -6,32 +6,38 @@ A type says, for lib/training/finetune.py's one fit loop:
   into train and dev (`load`, with lib.tasks.base's hashed dev carve and limits, shared by every type);
 - how items become model inputs and batches (`collate`: a dict of tensors), and what the head puts
   out: one vector per sequence or one per token (`per_token`), of `n_outputs(task)` values;
+- its model: the head a finetune variant asks for (`head`), the model built on a backbone
+  (`build_model`) and read back from its saved folder (`read_model`); by default model.py's TaskModel;
 - the forward pass over a batch (multiple choice runs the encoder over every choice), the loss, and
   how many units (examples, tagged tokens) the loss averages over, so data-parallel ranks weigh
   their shares of a batch;
-- predictions per example and the scores of a split (`score`);
+- predictions per batch (`predict_batch`: by default the forward pass read by `predict`; a type that
+  generates generates there) and the scores of a split (`score`);
 - what params may say of it (its metrics and their defaults, whether label_names apply, the
   text_pair_field it needs: `check`, run by `check_tasks` for every stage that reads `tasks`);
-- its soft loss for distillation and how a timed call reads, the shape of its transformers task model
-  and config keys for export (lib/tasks/model.py), what its fields hold for decontamination (`field_kinds`).
+- how a timed call reads, what its fields hold for decontamination (`field_kinds`).
 
-What only some types have they declare as capabilities (lib/tasks/capabilities.py), subclassed beside
-TaskType: a train-only baseline (`Baselined`, lib/metrics/baselines.py), a setting the evaluation split
-takes from dev (`Calibrated`: SQuAD 2.0's no-answer threshold), zero-shot prompting (`ZeroShot`), and
-the extras of its scores the evaluation keeps, their plots and the type's own section of the report
-(`Reported`).
+What only some types have, a type declares by inheriting a capability (capabilities.py), which the
+code that uses it tests with isinstance: `Exported` (the shape of its transformers task model, config
+keys and pipeline tag for export), `Served` (lib/serving predicts it from raw text), `Distilled` (its
+soft loss), `UnlabeledTransfer` (distill.unlabeled's texts the teacher labels), `Baselined` (a train-only
+baseline, lib/metrics/baselines.py), `Calibrated` (a setting the evaluation split takes from dev: SQuAD
+2.0's no-answer threshold), `ZeroShot` (zero-shot prompting), and `Reported` (the extras of its scores
+the evaluation keeps, their plots and the type's own section of the report).
 
-Beside the types: the task model every type trains (model.py: a backbone and a head, and its saved folder)
-and the one scoring path (scoring.py: a model's predictions and scores on a split of any type), used by
-finetune, distill, evaluate and serving alike.
+Beside the types: the task model they build by default (model.py: a backbone and a head, and its saved
+folder) and the one scoring path (scoring.py: a model's predictions and scores on a split of any type),
+used by finetune, distill, evaluate and serving alike.
 
 A new type is one module here with a TaskType subclass and its TYPE, and its entry in TYPES below.
 No other file names a type (tests/test_layout.py fails on a type's name as a string outside lib/tasks/).
 """
+from typing import Any
+
 from lib.config.params import Params, ParamsError, TaskConfig, check_choice
 from lib.tasks import classification, multiple_choice, regression, span_qa, tagging
 from lib.tasks.base import TaskType
-from lib.tasks.capabilities import ZeroShot
+from lib.tasks.capabilities import Distilled, UnlabeledTransfer, ZeroShot
 
 TYPES: dict[str, TaskType] = {t.name: t for t in (classification.TYPE, regression.TYPE, tagging.TYPE, span_qa.TYPE,
                                                   multiple_choice.TYPE)}
@@ -41,6 +47,12 @@ DEFAULT_TYPE = classification.TYPE.name  # a task's type where params.yaml names
 def task_type(cfg: TaskConfig) -> TaskType:
     """The task's type (null in params: DEFAULT_TYPE)."""
     return TYPES[cfg.type or DEFAULT_TYPE]
+
+
+def saved_type(meta: dict[str, Any]) -> TaskType:
+    """The task type of a saved model's classifier.json (one from before task types has none, and is the
+    default's)."""
+    return TYPES[meta.get("type", DEFAULT_TYPE)]
 
 
 def task_metrics(cfg: TaskConfig) -> list[str]:
@@ -89,9 +101,14 @@ def check_tasks(params: Params) -> None:
         if not isinstance(kind, ZeroShot):
             raise ParamsError(f"evaluate.zero_shot.{name}: {name} is {kind.name}, which has no zero-shot prompting: "
                               "remove the entry")
+    for i, name in enumerate(params.distill.tasks or ()):  # Params.validate: tasks (null: finetune's, filled in)
+        kind = task_type(params.tasks[name])
+        if not isinstance(kind, Distilled):
+            raise ParamsError(f"distill.tasks[{i}]: '{name}' is a {kind.name} task, which has no distillation; "
+                              "list distill.tasks without it")
     for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's
         kind = task_type(params.tasks[name])
-        if not kind.unlabeled_transfer:
+        if not isinstance(kind, UnlabeledTransfer):
             raise ParamsError(f"distill.unlabeled.{name}: {split!r} names unlabeled text for a {kind.name} task, "
                               "which takes no unlabeled transfer text: remove the entry")
     if params.finetune.aux_lm_weight > 0:

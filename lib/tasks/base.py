@@ -13,15 +13,19 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lib.config.errors import UserError
-from lib.config.params import ParamsError, TaskConfig
+from lib.config.params import FinetuneConfig, ParamsError, TaskConfig
 from lib.data.sources import drop_undecodable, read_rows, split_columns
+from lib.models.architectures import Transformer
+from lib.models.config import TransformerConfig
+from lib.tasks.capabilities import Exported
+from lib.tasks.model import HeadConfig, HeadStyle, TaskModel, plain_head, read_task_model
 
 UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)
 
@@ -107,7 +111,8 @@ def smallest_hashes(ids: list[int], hashes: list[int], ties: list, limit: int | 
 
 
 class TaskType:
-    """The common parts; a type overrides what its rows, head and scores need."""
+    """The common parts; a type overrides what its rows, model and scores need, and declares what else it
+    offers by inheriting capabilities (lib/tasks/capabilities.py)."""
 
     name: str
     metrics: tuple[str, ...]  # what `score` computes: the names tasks.<name>.metrics may list
@@ -118,16 +123,12 @@ class TaskType:
     field_kinds: dict[str, str] = {}
     per_token = False  # the head reads every position's state, not the sequence's summary
     head_dropout = True  # dropout before the output layer of the plain head (BERT's QA head has none)
-    # the shape of transformers' task model this type exports as (lib.models.families.base: each family
-    # names its class of that shape, if it has one); None: none
-    task_model: str | None = None
     timed: str  # what one timed call of a model is, for the report ({seq_len}: evaluate.latency_seq_len)
+    # flags, not capabilities (lib/tasks/capabilities.py says why)
     aux_lm = False  # finetune.aux_lm_weight: an auxiliary LM loss on the task's texts
     # the frozen variant's probe: scikit-learn's logistic regression on the features (its cross-entropy is
     # the type's loss), else L-BFGS on the type's own loss
     logistic_probe = False
-    unlabeled_transfer = False  # distill.unlabeled: in-domain texts the teacher labels for the student
-    served = False  # lib/serving predicts it from raw text (TextClassifier, ONNX Runtime, MLflow pyfunc)
 
     # params -------------------------------------------------------------------------------------
     def check(self, cfg: TaskConfig, key: str) -> None:
@@ -237,11 +238,34 @@ class TaskType:
         """Info taken from the selected train items (regression's target scale)."""
         return {}
 
-    def read_unlabeled(self, cfg: TaskConfig, split: str, limit: int | None, exclude: set[int],
-                       key: str) -> tuple[list, dict[str, int]]:
-        """(items with the UNLABELED label, skipped rows by reason): at most `limit` texts of `split` for a
-        teacher to label, none whose text_hash(hash_text) is in `exclude` (types with unlabeled_transfer)."""
-        raise NotImplementedError
+    # model ---------------------------------------------------------------------------------------
+    def head(self, style: HeadStyle, backbone: TransformerConfig, n_outputs: int, cfg: FinetuneConfig) -> HeadConfig:
+        """The head of `style` a finetune variant puts on `backbone` for this type, of n_outputs outputs per
+        sequence or, for a per-token type, per position: "block", ULMFiT's classifier block (cfg.head_hidden,
+        cfg.head_dropout), and "probe", one linear layer without dropout (the frozen variant's), both on
+        concat pooling or every position's state; "transformers", the head transformers' model of the
+        backbone's family has for the type (for a sequence-level type lib.tasks.model.plain_head: BERT's
+        pooler + linear layer on [CLS], GPT-2's bias-free linear layer on the last token; for a per-token
+        type a linear layer on every position, as BERT's token-classification and QA heads)."""
+        features = "tokens" if self.per_token else "concat"
+        if style == "block":
+            return HeadConfig(n_outputs, features, block=True, hidden=cfg.head_hidden, dropout=cfg.head_dropout)
+        if style == "probe":
+            return HeadConfig(n_outputs, features, block=False, dropout=0.0)
+        if self.per_token:
+            return HeadConfig(n_outputs, "tokens", block=False, dropout=cfg.head_dropout if self.head_dropout else 0.0)
+        return plain_head(backbone, n_outputs, cfg.head_dropout)
+
+    def build_model(self, backbone: Transformer, head: HeadConfig) -> nn.Module:
+        """The model the type trains on `backbone`: by default the backbone and `head`
+        (lib.tasks.model.TaskModel). A type whose model is not a head on the backbone's states (an
+        encoder-decoder that generates) builds its own here, and reads it back in `read_model`."""
+        return TaskModel(backbone, head)
+
+    def read_model(self, folder: Path, info: dict[str, Any]) -> nn.Module:
+        """The model `build_model` built, from the folder lib.tasks.model.save_task_model wrote (`info`: its
+        classifier.json): in lib's layout, or an Exported type's in transformers' layout."""
+        return read_task_model(folder, info, self if isinstance(self, Exported) else None)
 
     # training ------------------------------------------------------------------------------------
     def n_outputs(self, task: TaskData) -> int:
@@ -275,6 +299,15 @@ class TaskType:
         """One prediction per example of a batch, on the CPU."""
         raise NotImplementedError
 
+    def predict_batch(self, model: nn.Module, batch: dict[str, torch.Tensor], examples: Sequence,
+                      task: TaskData) -> list:
+        """One prediction per example of a collated batch (on the model's device), on the CPU: what
+        lib.tasks.scoring runs per batch, at the run's precision. By default the forward pass read by
+        `predict`; a type that generates its predictions (rather than reading them off one forward pass)
+        generates here, and is still batched, spread over ranks and scored as every type is."""
+        outputs, _ = self.forward(model, batch)
+        return self.predict(outputs.cpu(), examples, task)
+
     def score(self, task: TaskData, split: str, predictions: list, metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
         """({metric: value} of `predictions` (one per example of task.<split>), extras: what the
@@ -286,24 +319,6 @@ class TaskType:
         """Raise UserError (naming `where`, a saved model) when the model's label names `saved` do not fit
         the task's data."""
 
-    # export ---------------------------------------------------------------------------------------
-    def export_config(self, label_names: list[str]) -> dict[str, Any]:
-        """The keys of transformers' config.json that make an exported checkpoint this type's model."""
-        return {}
-
-    def export_output(self, layer: dict[str, torch.Tensor], info: dict[str, Any],
-                      inverse: bool = False) -> dict[str, torch.Tensor]:
-        """The head's output layer ({"weight", "bias" where it has one}) as transformers' model of this type
-        reads it, or with `inverse` the one it came from (`info`: the task's, as saved with the model)."""
-        return layer
-
-    # distillation ---------------------------------------------------------------------------------
-    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
-                  temperature: float) -> torch.Tensor:
-        """The student's loss against the teacher's outputs on a batch (padded alike), a mean over the
-        units `units` counts: by default KL over the last dimension (classes, choices)."""
-        return soft_loss(student, teacher, temperature)
-
     # evaluation -----------------------------------------------------------------------------------
     def latency_batch(self, info: dict[str, Any]) -> int:
         """The sequences one timed call runs (multiple choice: every choice of a question)."""
@@ -314,12 +329,6 @@ def label_config(names: list[str]) -> dict[str, Any]:
     """transformers' config.json keys for the classes `names` (index order)."""
     return dict(num_labels=len(names), id2label={str(i): name for i, name in enumerate(names)},
                 label2id={name: i for i, name in enumerate(names)})
-
-
-def soft_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher_T || student_T) averaged over the batch, times T^2 (the distributions over the last dim)."""
-    return F.kl_div(F.log_softmax(student_logits / temperature, -1), F.log_softmax(teacher_logits / temperature, -1),
-                    log_target=True, reduction="batchmean") * temperature**2
 
 
 def has_label_field(cfg: TaskConfig, split: str, key: str) -> bool:

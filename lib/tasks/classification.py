@@ -27,7 +27,7 @@ from lib.metrics.baselines import tfidf_baseline
 from lib.metrics.scores import compute_metrics, confusion_matrix
 from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import UNLABELED, TaskData, TaskType, label_config, read_split, smallest_hashes, text_hash
-from lib.tasks.capabilities import CONFUSION, Baselined, Reported, ZeroShot
+from lib.tasks.capabilities import CONFUSION, Baselined, Exported, Reported, Served, UnlabeledTransfer, ZeroShot
 
 
 @dataclass
@@ -168,19 +168,18 @@ def collate(examples: Sequence[Example], pad_id: int) -> Batch:
     return Batch(input_ids, segment_ids, attention_mask, torch.tensor([e.label for e in examples], dtype=torch.long))
 
 
-class Classification(TaskType, Baselined, ZeroShot, Reported):
+class Classification(Exported, Served, UnlabeledTransfer, Baselined, ZeroShot, Reported, TaskType):
     name = "classification"
     metrics = ("accuracy", "f1", "mcc")
     default_metrics = ("accuracy",)
     named_labels = True
     task_model = SEQUENCE_CLASSIFICATION
+    pipeline_tag = "text-classification"
     baseline = "tfidf"
     baseline_label = "TF-IDF + LR"
     timed = "one text of {seq_len} tokens per call"
     aux_lm = True
     logistic_probe = True
-    unlabeled_transfer = True
-    served = True
     kept_extras = (CONFUSION,)
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Row], dict[str, int]]:
@@ -215,6 +214,11 @@ class Classification(TaskType, Baselined, ZeroShot, Reported):
     def read_unlabeled(self, cfg: TaskConfig, split: str, limit: int | None, exclude: set[int],
                        key: str) -> tuple[list[Row], dict[str, int]]:
         return read_unlabeled(cfg, split, limit, exclude, key)
+
+    def encode_texts(self, texts: list[str], text_pairs: list[str] | None, encoding, tokenizer,
+                     special: dict[str, int]) -> list[Example]:
+        rows = [Row(a, b, UNLABELED) for a, b in zip(texts, text_pairs or [None] * len(texts))]
+        return encode_rows(rows, encoding, tokenizer, special)[0]
 
     def n_outputs(self, task: TaskData) -> int:
         return len(task.label_names)

@@ -11,12 +11,16 @@ with what it is batched with. Per-token types (tagging, span QA) put the head on
 With a scalar mix (ELMo's, the elmo variant) the states the features read are a learned mix of every layer's
 (ScalarMix), not the last layer's.
 
+The task types build this model (TaskType.build_model) and read it back (TaskType.read_model), so that a type
+whose model is another (an encoder-decoder that generates) builds and reads its own in their place.
+
 Saved as a folder: the backbone as lib.models.folder writes it (model.safetensors + config.json), the head,
-classifier.json (head config, label names, how inputs are encoded) and the tokenizer files, so
-`load_task_model(folder)` rebuilds it in one call; a scalar mix is mix.safetensors. Where transformers has the
-same backbone and head (`task_model_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2,
-ESM or XLM shape) the folder is also in transformers' layout for the task's type (the family's task model of the
-type's `task_model` shape: *ForSequenceClassification, also for regression, *ForTokenClassification,
+classifier.json (head config, label names, how inputs are encoded, the task's type) and the tokenizer files,
+so `load_task_model(folder)` rebuilds it in one call, through its type's `read_model`; a scalar mix is
+mix.safetensors. Where the type is Exported (lib/tasks/capabilities.py) and transformers has the same backbone
+and head (`task_model_family`: the plain head on a BERT, RoBERTa(-PreLayerNorm), ELECTRA, GPT-2, ESM or XLM
+shape) the folder is also in transformers' layout for the task's type (the family's task model of the type's
+`task_model` shape: *ForSequenceClassification, also for regression, *ForTokenClassification,
 *ForQuestionAnswering, *ForMultipleChoice), the head's tensors in model.safetensors under its names; otherwise
 the head is head.safetensors and classifier.json's "transformers" says why.
 """
@@ -43,12 +47,14 @@ from lib.models.families import FAMILIES
 from lib.models.families.base import Family
 from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
 from lib.models.hf import export_family, load_exported, read_weights
-from lib.tasks import DEFAULT_TYPE, TYPES
-from lib.tasks.base import TaskType
+from lib.tasks.capabilities import Exported, Served
 
 HEAD_FILE, META_FILE, MIX_FILE = "head.safetensors", "classifier.json", "mix.safetensors"
 EXPORTED = "transformers: "  # how classifier.json's "transformers" line starts when the folder is a transformers one
 POOLER_ACTIVATIONS = {"tanh": nn.Tanh, "gelu": nn.GELU}
+# the heads a finetune variant asks a type for (TaskType.head): ULMFiT's classifier block, the head of
+# transformers' model of the backbone's family, the frozen variant's linear probe
+HeadStyle = Literal["block", "transformers", "probe"]
 
 
 @dataclass
@@ -217,7 +223,7 @@ def lm_loss(backbone: Transformer, hidden: torch.Tensor, input_ids: torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 
-def task_model_family(model: TaskModel, special_ids: dict[str, int], kind: TaskType) -> tuple[Family | None, str]:
+def task_model_family(model: TaskModel, special_ids: dict[str, int], kind: Exported) -> tuple[Family | None, str]:
     """(the transformers family whose model for task type `kind` computes what `model` does, "") or (None,
     why there is none)."""
     cfg, head = model.backbone.cfg, model.head_cfg
@@ -244,7 +250,7 @@ def task_model_family(model: TaskModel, special_ids: dict[str, int], kind: TaskT
     return (None, why) if why else (family, "")
 
 
-def head_tensor_names(model: TaskModel, family: Family, kind: TaskType) -> dict[str, str]:
+def head_tensor_names(model: TaskModel, family: Family, kind: Exported) -> dict[str, str]:
     """Our head's tensor names -> theirs in `family`'s model for task type `kind`."""
     task_model = family.task_models[kind.task_model]
     out = str(len(model.head) - 1)
@@ -256,11 +262,10 @@ def head_tensor_names(model: TaskModel, family: Family, kind: TaskType) -> dict[
     return names
 
 
-def head_export(model: TaskModel, family: Family, meta: dict[str, Any]) -> tuple[dict, dict]:
+def head_export(model: TaskModel, family: Family, meta: dict[str, Any], kind: Exported) -> tuple[dict, dict]:
     """(the head's tensors under transformers' names, the config.json keys) that make save_model's
-    `family` folder the model for the task's type (meta["type"]): the class, the labels, the output
-    layer as that class reads it (TaskType.export_output)."""
-    kind = saved_type(meta)
+    `family` folder the model for the task's type `kind`: the class, the labels, the output layer as that
+    class reads it (Exported.export_output)."""
     head = model.head.state_dict()
     tensors = {theirs: head[ours].detach().cpu().contiguous()
                for ours, theirs in head_tensor_names(model, family, kind).items()}
@@ -272,17 +277,12 @@ def head_export(model: TaskModel, family: Family, meta: dict[str, Any]) -> tuple
     return tensors, config
 
 
-def output_layer(tensors: dict[str, torch.Tensor], name: str, kind: TaskType, info: dict[str, Any],
+def output_layer(tensors: dict[str, torch.Tensor], name: str, kind: Exported, info: dict[str, Any],
                  inverse: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors of output layer `name` as transformers' model of the type reads them (TaskType.export_output),
+    """The tensors of output layer `name` as transformers' model of the type reads them (Exported.export_output),
     or with `inverse` as ours does."""
     layer = {leaf: tensors[f"{name}.{leaf}"] for leaf in ("weight", "bias") if f"{name}.{leaf}" in tensors}
     return {f"{name}.{leaf}": tensor for leaf, tensor in kind.export_output(layer, info, inverse).items()}
-
-
-def saved_type(meta: dict[str, Any]) -> TaskType:
-    """The task type of a classifier.json (one from before task types has none, and is the default's)."""
-    return TYPES[meta.get("type", DEFAULT_TYPE)]
 
 
 def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
@@ -312,6 +312,15 @@ def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, sp
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def card_facts(kind) -> dict[str, Any]:
+    """What the model card (lib.serving.model_card) says of a task model of type `kind`, beside its
+    classifier.json: whether lib/serving predicts raw text with it, and the transformers task model and
+    hub pipeline_tag of an exported type, so the card needs no knowledge of task types."""
+    exported = isinstance(kind, Exported)
+    return {"served": isinstance(kind, Served), "task_model": kind.task_model if exported else None,
+            "pipeline_tag": kind.pipeline_tag if exported else None}
+
+
 def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
     """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
     tokenizer files, written whole or not at all. Where transformers has the same backbone and head
@@ -319,9 +328,11 @@ def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: 
     in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
     pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
+    from lib.tasks import saved_type  # here: the registry imports the types, which build their models with this module
     special = saved_special_ids(tokenizer_dir)
     kind = saved_type(meta)
-    family, why = task_model_family(model, special, kind)
+    family, why = (task_model_family(model, special, kind) if isinstance(kind, Exported)
+                   else (None, f"transformers has no task model for a {kind.name} task"))
     line = f"{EXPORTED}{family.task_models[kind.task_model].cls}" if family else f"lib layout only: {why}"
     with atomic_dir(out_dir) as tmp:
         if family is None:
@@ -330,23 +341,35 @@ def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: 
             if model.mix is not None:
                 write_safetensors(tmp / MIX_FILE, model.mix.state_dict())
         else:
-            save_model(model.backbone, tmp, special, head_export(model, family, meta), model.language)
+            save_model(model.backbone, tmp, special, head_export(model, family, meta, kind), model.language)
         info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
     return line
 
 
-def load_task_model(model_dir: Path, device: str | torch.device = "cpu") -> tuple[TaskModel, dict[str, Any]]:
-    """(classifier in eval mode, the contents of classifier.json) from a folder save_task_model wrote."""
+def load_task_model(model_dir: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """(the model in eval mode, the contents of classifier.json) from a folder save_task_model wrote, read by
+    the type it was saved as (TaskType.read_model)."""
+    from lib.tasks import saved_type  # here, as in save_task_model
     model_dir = Path(model_dir)
     try:
         info = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
+        kind = saved_type(info)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise not_a_description(model_dir, err) from None
+    return kind.read_model(model_dir, info).to(device).eval(), info
+
+
+def read_task_model(model_dir: Path, info: dict[str, Any], exported: Exported | None) -> TaskModel:
+    """A TaskModel from a folder save_task_model wrote (`info`: its classifier.json), in lib's layout or, where
+    the saved type is `exported`, in transformers' (TaskType.read_model's default)."""
+    try:
         head = HeadConfig(**info["head"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
-                        "point at a folder written by the finetune stage") from None
-    if (model_dir / HEAD_FILE).is_file() or not str(info.get("transformers", "")).startswith(EXPORTED):
+    except (ValueError, KeyError, TypeError) as err:
+        raise not_a_description(model_dir, err) from None
+    if (model_dir / HEAD_FILE).is_file() or exported is None \
+            or not str(info.get("transformers", "")).startswith(EXPORTED):
         model = TaskModel(load_model(model_dir), head)
         load_weights(model.head, model_dir / HEAD_FILE, model_dir / META_FILE)
         if model.mix is not None:
@@ -355,14 +378,19 @@ def load_task_model(model_dir: Path, device: str | torch.device = "cpu") -> tupl
         theirs = read_weights(model_dir)
         cfg = read_config(model_dir)
         model = TaskModel(load_exported(model_dir, cfg, theirs), head)
-        kind = saved_type(info)
-        names = head_tensor_names(model, export_family(cfg)[0], kind)
+        names = head_tensor_names(model, export_family(cfg)[0], exported)
         missing = [t for t in names.values() if t not in theirs]
         if missing:
             raise UserError(f"{model_dir / MODEL_FILE}: no {missing[0]} (the model's head); "
                             "write the folder again with the finetune stage")
         tensors = {ours: theirs[t] for ours, t in names.items()}
-        tensors.update(output_layer(tensors, str(len(model.head) - 1), kind, info.get("info", {}), inverse=True))
+        tensors.update(output_layer(tensors, str(len(model.head) - 1), exported, info.get("info", {}), inverse=True))
         model.head.load_state_dict(tensors)
     model.read_as(info.get("language"))
-    return model.to(device).eval(), info
+    return model
+
+
+def not_a_description(model_dir: Path, err: Exception) -> UserError:
+    """The error of a classifier.json that does not describe a saved model."""
+    return UserError(f"{model_dir / META_FILE}: not a classifier description ({err!r}); "
+                     "point at a folder written by the finetune stage")

@@ -31,7 +31,7 @@ from lib.metrics.scores import choice_accuracy, confusion_matrix
 from lib.models.families.base import MULTIPLE_CHOICE
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.capabilities import CONFUSION, Baselined, Reported
+from lib.tasks.capabilities import CONFUSION, Baselined, Distilled, Exported, Reported
 
 
 class Question(NamedTuple):
@@ -109,7 +109,7 @@ def loss(scores: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return F.cross_entropy(scores.float(), batch["labels"])
 
 
-class MultipleChoice(TaskType, Baselined, Reported):
+class MultipleChoice(Exported, Distilled, Baselined, Reported, TaskType):
     """The encoder runs over every (context, ending) sequence of a batch, (B * n_choices, T); the head
     scores each sequence's summary state (one output), viewed back as (B, n_choices)."""
 
@@ -123,6 +123,7 @@ class MultipleChoice(TaskType, Baselined, Reported):
     # the pooled state (the base model's pooler: dense + tanh on the first token), dropout, a linear layer
     # to one score per choice
     task_model = MULTIPLE_CHOICE
+    pipeline_tag = "multiple-choice"
     baseline = "tfidf_choice"
     baseline_label = "TF-IDF ending cosine"
     timed = ("one question per call: its {n} (context, ending) sequences of {seq_len} tokens as one batch of {n}; "

@@ -35,7 +35,7 @@ from lib.metrics.scores import pearson, spearman
 from lib.models.families.base import SEQUENCE_CLASSIFICATION
 from lib.tasks.base import TaskType, read_split
 from lib.tasks.base import UNLABELED, TaskData
-from lib.tasks.capabilities import SCATTER, Baselined, Extra, Plot, Reported
+from lib.tasks.capabilities import SCATTER, Baselined, Distilled, Exported, Extra, Plot, Reported
 
 
 def _pairs(pairs: list[list[float]], class_names: list[str]) -> list[list[float]]:
@@ -129,7 +129,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "segment_ids": segment_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class Regression(TaskType, Baselined, Reported):
+class Regression(Exported, Distilled, Baselined, Reported, TaskType):
     """The model puts out a standardised score (z = (score - mean) / std of the train scores, kept in the
     task's info and saved with the model), learnt by MSE in those units; predictions are z * std + mean."""
 
@@ -137,6 +137,7 @@ class Regression(TaskType, Baselined, Reported):
     metrics = ("pearson", "spearman")
     default_metrics = ("pearson", "spearman")
     task_model = SEQUENCE_CLASSIFICATION  # one output, problem_type "regression"
+    pipeline_tag = "text-classification"
     baseline = "tfidf_similarity"
     baseline_label = "TF-IDF cosine"
     timed = "one sentence pair of {seq_len} tokens per call"

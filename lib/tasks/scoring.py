@@ -21,21 +21,23 @@ from lib.tasks.model import TaskModel
 def predict_all(model: TaskModel, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
                 impl: ImplConfig, context: Context = Context(),
                 read: Callable[[torch.Tensor, list], list] | None = None) -> list:
-    """The task type's prediction for each of `examples` (in their order), the model in eval mode and
-    reading them as text in the task's language (TaskModel.read_as); `read`: what else to keep of a
-    batch's outputs (on the CPU) for its examples (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch, in step with the others
-    (a sharded model's forward is a collective), and every rank gets all of them."""
+    """The task type's prediction for each of `examples` (in their order: TaskType.predict_batch per
+    batch), the model in eval mode and reading them as text in the task's language (TaskModel.read_as);
+    `read`: instead, what to keep of a batch's forward outputs (on the CPU) for its examples
+    (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch,
+    in step with the others (a sharded model's forward is a collective), and every rank gets all of them."""
     model.eval()
     model.read_as(task.language)
     kind = TYPES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
-    read = read or (lambda outputs, part: kind.predict(outputs, part, task))
 
     @torch.no_grad()
     def predict(group: list[int]) -> list:
         part = [examples[i] for i in group]
         batch = move(kind.collate(part, pad_id, task), device)
         with runtime.autocast(device, precision):
+            if read is None:
+                return kind.predict_batch(model, batch, part, task)
             outputs, _ = kind.forward(model, batch)
         return read(outputs.cpu(), part)
 

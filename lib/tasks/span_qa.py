@@ -51,7 +51,7 @@ from lib.metrics.scores import apply_no_answer_threshold, best_no_answer_thresho
 from lib.models.families.base import QUESTION_ANSWERING
 from lib.tasks.base import TaskData
 from lib.tasks.base import TaskType, read_split
-from lib.tasks.capabilities import Baselined, Calibrated, Extra, Reported
+from lib.tasks.capabilities import Baselined, Calibrated, Distilled, Exported, Extra, Reported
 
 NO_ANSWER = 0  # the [bos] position: the target and the score of "no answer"
 
@@ -272,7 +272,7 @@ def _best_span(starts: torch.Tensor, ends: torch.Tensor, candidate: list[bool],
     return scores.flatten()[flat].item(), first, first + length
 
 
-class SpanQA(TaskType, Baselined, Calibrated, Reported):
+class SpanQA(Exported, Distilled, Baselined, Calibrated, Reported, TaskType):
     """Start and end logits from the head's two outputs at every position; questions fall into train or
     dev by their context, so no paragraph is in both. Predictions are per window, decoded per question
     when a split is scored; on SQuAD 2.0 data (a train question without answers) the no-answer
@@ -284,6 +284,7 @@ class SpanQA(TaskType, Baselined, Calibrated, Reported):
     per_token = True
     head_dropout = False  # BertForQuestionAnswering's qa_outputs: a linear layer on the states, no dropout
     task_model = QUESTION_ANSWERING  # a linear layer on every state to start and end logits
+    pipeline_tag = "question-answering"
     baseline = "overlap_qa"
     baseline_label = "word-overlap QA"
     timed = "one window of {seq_len} tokens per call (a longer context takes several)"

@@ -45,8 +45,8 @@ from lib.metrics.baselines import lexicon_tags
 from lib.metrics.scores import confusion_matrix, entity_scores
 from lib.models.families.base import TOKEN_CLASSIFICATION
 from lib.tasks.base import TaskData
-from lib.tasks.base import TaskType, label_config, read_split, soft_loss
-from lib.tasks.capabilities import BARS, CONFUSION, Baselined, Extra, Plot, Reported
+from lib.tasks.base import TaskType, label_config, read_split
+from lib.tasks.capabilities import BARS, CONFUSION, Baselined, Distilled, Exported, Extra, Plot, Reported, soft_loss
 
 IGNORE = -100  # the label of positions without a tag: cross_entropy's ignore_index
 
@@ -189,7 +189,7 @@ def decode(logits: Sequence[torch.Tensor], features: Sequence[Features], tag_nam
     return predicted
 
 
-class Tagging(TaskType, Baselined, Reported):
+class Tagging(Exported, Distilled, Baselined, Reported, TaskType):
     """A tag per word from the head's outputs at the word's tag-carrying subword; the loss's mean is over
     the tagged positions, so `units` counts them."""
 
@@ -200,6 +200,7 @@ class Tagging(TaskType, Baselined, Reported):
     field_kinds = {"text_field": "words"}  # a list of words, which a document holds joined by spaces
     per_token = True
     task_model = TOKEN_CLASSIFICATION  # a linear layer on every state
+    pipeline_tag = "token-classification"
     baseline = "lexicon"
     baseline_label = "lexicon tagger"
     timed = "one sentence of {seq_len} tokens per call, a tag per token"

@@ -8,7 +8,7 @@ spread from the first to the last (DistilBERT's "one layer out of two": for 12 -
 projections carry its states to the teacher's width for the state losses.
 
 The loss is a weighted sum of
-- soft: the teacher's outputs as targets, in the form that fits the task's type (TaskType.soft_loss):
+- soft: the teacher's outputs as targets, in the form that fits the task's type (Distilled.soft_loss):
   KL(teacher || student) of the temperature-T distributions, times T^2, so that its gradients keep
   their size whatever T is (Hinton et al. 2015), over the classes (classification), over a question's
   choices (multiple_choice), over the tags at each tagged position (tagging: a word's first subword,
@@ -52,9 +52,10 @@ from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
 from lib.models.architectures import build_model
-from lib.tasks import TYPES
+from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
+from lib.tasks.capabilities import Distilled, UnlabeledTransfer
 from lib.tasks.model import TaskModel
 from lib.tasks.scoring import score_split
 from lib.training.epoch_loop import EpochLoop
@@ -110,15 +111,16 @@ def student_schedule(cfg: DistillConfig) -> Schedule:
     return Schedule("linear", warmup_frac=cfg.warmup_frac)
 
 
-def build_student(teacher: TaskModel, cfg: DistillConfig, blocks: list[int]) -> TaskModel:
-    """The student's classifier: the teacher's config with cfg.layers layers (and cfg.width), the
-    teacher's weights where `blocks` names which of its blocks to copy."""
+def build_student(teacher: TaskModel, cfg: DistillConfig, blocks: list[int],
+                  kind: TaskType = TYPES[DEFAULT_TYPE]) -> TaskModel:
+    """The student's model, as task type `kind` builds it: the teacher's config with cfg.layers layers (and
+    cfg.width) and its head, the teacher's weights where `blocks` names which of its blocks to copy."""
     t = teacher.backbone.cfg
     if cfg.width == 1.0:
         s = dataclasses.replace(t, n_layers=cfg.layers)
     else:
         s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
-    student = TaskModel(build_model(s), dataclasses.replace(teacher.head_cfg))
+    student = kind.build_model(build_model(s), dataclasses.replace(teacher.head_cfg))
     student.language = teacher.language
     if blocks:
         source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared
@@ -254,7 +256,9 @@ def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: l
     over the ranks, and the returned student is whole on rank 0 only. `unlabeled` (examples the teacher
     alone labels, lib.tasks.classification.Example with label UNLABELED) is for a classification task only."""
     kind = TYPES[task.type]
-    if unlabeled and not kind.unlabeled_transfer:
+    if not isinstance(kind, Distilled):
+        raise UserError(f"distill.tasks: {task.name} is {task.type}, which has no distillation")
+    if unlabeled and not isinstance(kind, UnlabeledTransfer):
         raise UserError(f"distill.unlabeled.{task.name}: {task.name} is {task.type}, which takes no unlabeled "
                         "transfer text")
     blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
@@ -266,7 +270,8 @@ def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: l
     transfer = task.train + unlabeled
 
     torch.manual_seed(seed)
-    distiller = Distiller(build_student(teacher, cfg, blocks), teacher.backbone.cfg.d_model, kind)  # whole teacher
+    distiller = Distiller(build_student(teacher, cfg, blocks, kind), teacher.backbone.cfg.d_model,
+                          kind)  # whole teacher
     student = distiller.student
     teacher_params = parameter_count(teacher)
 

@@ -18,9 +18,9 @@ from lib.core.io import atomic_dir, write_json
 from lib.core.tracking import StageRun
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
 from lib.serving.model_card import write_model_card
-from lib.tasks import task_metrics, task_type
+from lib.tasks import saved_type, task_metrics, task_type
 from lib.tasks.base import text_hash
-from lib.tasks.model import TaskModel, save_task_model, saved_type
+from lib.tasks.model import TaskModel, card_facts, save_task_model
 from lib.training.distill import DistillResult, distill_task
 from lib.training.finetune import run_name
 
@@ -84,7 +84,7 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: TaskModel, info: dict
                         "layer_map": result.layer_map}}
     with atomic_dir(task_dir / STUDENT) as tmp:
         line = save_task_model(student, tmp, teacher_dir, meta)
-        card = {"transformers": line, "served": kind.served, "params": result.student_params,
+        card = {"transformers": line, **card_facts(kind), "params": result.student_params,
                 "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
                 "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
         write_model_card(tmp, "distill", params, {**meta, **card}, upstream=teacher_dir)

@@ -24,7 +24,7 @@ from lib.models.config import TransformerConfig
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.tasks.model import language_row, save_task_model
+from lib.tasks.model import card_facts, language_row, save_task_model
 from lib.training.finetune import RunResult, run_name, transfer_scores
 from lib.training.variants import VARIANTS, run_variant
 
@@ -87,7 +87,7 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                                                                            "text_pair_field")}}
         with atomic_dir(task_dir / BEST) as tmp:
             line = save_task_model(model, tmp, tokenizer_dir, meta)
-            card = {"transformers": line, "served": TYPES[task.type].served,
+            card = {"transformers": line, **card_facts(TYPES[task.type]),
                     "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
                     "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
             # a model whose weights started random: the adapted model's chain is not its own

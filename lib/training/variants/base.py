@@ -1,5 +1,6 @@
-"""The finetune variant interface (see lib/training/variants/__init__.py), the registry variants join by
-name, and the heads the variants trained in epochs put on the adapted model."""
+"""The finetune variant interface (see lib/training/variants/__init__.py) and the registry variants join by
+name. A variant builds its model through the task's type (TaskType.head, TaskType.build_model): it names the
+head it wants, the type gives it its shape."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,10 +11,9 @@ import torch
 from lib.config.params import FinetuneConfig, ImplConfig
 from lib.core.distributed import Context
 from lib.models.architectures import Transformer
-from lib.models.config import TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskData, TaskType
-from lib.tasks.model import HeadConfig, TaskModel, plain_head
+from lib.tasks.model import TaskModel
 from lib.training.finetune import RunResult, Setup, run_trained
 
 
@@ -65,18 +65,3 @@ def register(cls: type[Variant]) -> type[Variant]:
     VARIANTS[cls.name] = cls()
     return cls
 
-
-def concat_head(kind: TaskType, n_outputs: int, cfg: FinetuneConfig) -> HeadConfig:
-    """ULMFiT's concat-pooling classifier block; a per-token type (tagging, spans) puts it on every position."""
-    return HeadConfig(n_outputs, "tokens" if kind.per_token else "concat", block=True, hidden=cfg.head_hidden,
-                      dropout=cfg.head_dropout)
-
-
-def transformers_head(kind: TaskType, backbone: TransformerConfig, n_outputs: int, cfg: FinetuneConfig) -> HeadConfig:
-    """The head transformers' model of the backbone's family has for the type: for a sequence-level type its
-    sequence classifier's (lib.tasks.model.plain_head: BERT's pooler + linear layer on [CLS], GPT-2's
-    bias-free linear layer on the last token), for a per-token type a linear layer on every position (as
-    BERT's token-classification and QA heads)."""
-    if kind.per_token:
-        return HeadConfig(n_outputs, "tokens", block=False, dropout=cfg.head_dropout if kind.head_dropout else 0.0)
-    return plain_head(backbone, n_outputs, cfg.head_dropout)

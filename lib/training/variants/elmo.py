@@ -14,10 +14,9 @@ from lib.config.params import FinetuneConfig
 from lib.models.architectures import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
-from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
-from lib.training.variants.base import TrainedVariant, concat_head, register
+from lib.training.variants.base import TrainedVariant, register
 
 
 @register
@@ -27,6 +26,6 @@ class Elmo(TrainedVariant):
 
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
               kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
-        head = dataclasses.replace(concat_head(kind, n_outputs, cfg), mix=cfg.elmo.mix)
-        return Setup(TaskModel(copy.deepcopy(adapted), head), cfg.elmo.lr, 1.0,
+        head = dataclasses.replace(kind.head("block", adapted.cfg, n_outputs, cfg), mix=cfg.elmo.mix)
+        return Setup(kind.build_model(copy.deepcopy(adapted), head), cfg.elmo.lr, 1.0,
                      Schedule("linear", warmup_frac=cfg.elmo.warmup_frac), frozen_backbone=True)

@@ -6,10 +6,9 @@ from lib.config.params import FinetuneConfig
 from lib.models.architectures import Transformer, build_model
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
-from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
-from lib.training.variants.base import TrainedVariant, register, transformers_head
+from lib.training.variants.base import TrainedVariant, register
 
 
 @register
@@ -21,5 +20,5 @@ class FromScratch(TrainedVariant):
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,
               kind: TaskType = TYPES[DEFAULT_TYPE]) -> Setup:
         backbone = build_model(adapted.cfg)
-        return Setup(TaskModel(backbone, transformers_head(kind, backbone.cfg, n_outputs, cfg)),
+        return Setup(kind.build_model(backbone, kind.head("transformers", backbone.cfg, n_outputs, cfg)),
                      cfg.from_scratch.lr, 1.0, Schedule("linear", warmup_frac=cfg.from_scratch.warmup_frac))

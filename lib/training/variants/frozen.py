@@ -21,7 +21,7 @@ from lib.data.encoding import batch_indices
 from lib.models.architectures import Transformer
 from lib.tasks import TYPES
 from lib.tasks.base import TaskData, move
-from lib.tasks.model import HeadConfig, TaskModel
+from lib.tasks.model import TaskModel
 from lib.training.finetune import RunResult, final_scores
 from lib.training.variants.base import Variant, register
 
@@ -38,8 +38,8 @@ class Frozen(Variant):
         """One exact fit of the probe, reported as its one epoch; nothing to resume, so no checkpoints."""
         started = time.perf_counter()  # the feature extraction counts too
         kind = TYPES[task.type]
-        probe = HeadConfig(kind.n_outputs(task), "tokens" if kind.per_token else "concat", block=False, dropout=0.0)
-        model = TaskModel(copy.deepcopy(adapted), probe).to(device)
+        probe = kind.head("probe", adapted.cfg, kind.n_outputs(task), cfg)
+        model = kind.build_model(copy.deepcopy(adapted), probe).to(device)
         model.read_as(task.language)
         trainer = ProbeTrainer(model, task, metrics[0], cfg, impl, device, pad_id, context, label)
         train_loss = trainer.fit()
@@ -113,7 +113,7 @@ class ProbeTrainer:
 
     def _rows(self, features: torch.Tensor, batch: dict) -> torch.Tensor:
         """The feature rows the head reads: every sequence's, or every real position's."""
-        return features[self.kind.inputs(batch)[2]] if self.kind.per_token else features
+        return features[self.kind.inputs(batch)[2]] if self.model.head_cfg.features == "tokens" else features
 
     def fit(self) -> float:
         """Fits a probe for each C in probe_c and keeps the best on dev; returns its mean train loss.

@@ -10,10 +10,9 @@ from lib.config.params import FinetuneConfig
 from lib.models.architectures import Transformer
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType
-from lib.tasks.model import TaskModel
 from lib.training.finetune import Setup
 from lib.training.optim import Schedule
-from lib.training.variants.base import TrainedVariant, concat_head, register
+from lib.training.variants.base import TrainedVariant, register
 
 
 @register
@@ -27,5 +26,6 @@ class Ulmfit(TrainedVariant):
         # the ablation without STLR warms up and decays as plain does
         schedule = (Schedule("stlr", cut_frac=own.cut_frac, stlr_ratio=own.stlr_ratio) if own.stlr
                     else Schedule("linear", warmup_frac=own.warmup_frac))
-        return Setup(TaskModel(copy.deepcopy(adapted), concat_head(kind, n_outputs, cfg)), own.lr, own.lr_decay,
-                     schedule, unfreeze_every=own.unfreeze_every if own.gradual_unfreezing else None)
+        model = kind.build_model(copy.deepcopy(adapted), kind.head("block", adapted.cfg, n_outputs, cfg))
+        return Setup(model, own.lr, own.lr_decay, schedule,
+                     unfreeze_every=own.unfreeze_every if own.gradual_unfreezing else None)
