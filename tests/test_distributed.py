@@ -25,6 +25,7 @@ from lib.core import distributed
 from lib.core.errors import run_main
 from lib.data.packed import PackedTokens
 from lib.data.windows import WindowBatches, fixed_windows
+from lib.models.folder import model_folder
 from lib.objectives import build_objective, save_objective
 from lib.tasks.base import UNLABELED
 from lib.tasks.classification import Example
@@ -106,7 +107,8 @@ def train(context: distributed.Context, data: str, checkpoints: str, out: str, d
             with open(out, "w") as f:
                 json.dump(curve(state), f)
             if model == "clm":
-                save_objective(module, Path(out).with_suffix(""))
+                with model_folder(Path(out).with_suffix("")) as folder:
+                    save_objective(module, folder)
     except KeyboardInterrupt:
         pass
 

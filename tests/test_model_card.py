@@ -10,14 +10,13 @@ from huggingface_hub import ModelCard
 
 from lib.config.params import load_params
 from lib.core import tracking
-from lib.core.io import atomic_dir
 from lib.data.tokenizer import saved_special_ids
-from lib.models.folder import load_model
+from lib.models.folder import load_model, model_folder
 from lib.objectives import build_objective
 from lib.serving.model_card import CARD_FILE, write_model_card
 from lib.serving.predict import TextClassifier
 from lib.tasks import saved_type
-from lib.tasks.model import card_facts, load_task_model, plain_head, save_task_model
+from lib.tasks.model import card_facts, load_task_model, plain_head, write_task_model
 from lib.training.lm import save_model_folder
 from tests.helpers import (ROOT, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer,
                            write_params)
@@ -50,8 +49,8 @@ def classifier_meta(variant: str, task: str = "imdb") -> dict:
 
 def keep_finetuned(model, out: Path, tokenizer_dir: Path, params, meta: dict, upstream: Path | None) -> None:
     """What lib.training.finetune_runs does with a task's best model: folder and card in one atomic write."""
-    with atomic_dir(out) as tmp:
-        line = save_task_model(model, tmp, tokenizer_dir, meta)
+    with model_folder(out, tokenizer_dir) as tmp:
+        line = write_task_model(model, tmp, meta)
         write_model_card(tmp, "finetune", params, {**meta, "transformers": line, **card_facts(saved_type(meta)), "params": 1234,
                                                    "best_epoch": 2, "examples": {"train": 90, "dev": 10, "eval": 40}},
                          upstream)

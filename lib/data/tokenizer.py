@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -28,6 +29,8 @@ from lib.core.io import atomic_dir, file_sha256, write_json
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
+SPECIALS_FILE, HF_CONFIG_FILE = "special_tokens_map.json", "tokenizer_config.json"  # what transformers reads
+TOKENIZER_FILES = (TOKENIZER_FILE, SPECIALS_FILE, HF_CONFIG_FILE, META_FILE)  # a tokenizer folder's, write_folder's
 SPM_FILE = "spm.model"
 ROLES = ("pad", "unk", "bos", "eos", "mask")  # the order of SpecialTokens.as_list(), i.e. ids 0..4
 WORDPIECE_ALPHABET = 1000  # BERT's choice: rarer characters become [UNK] instead of taking vocabulary slots
@@ -223,13 +226,21 @@ def write_folder(tokenizer: Tokenizer, named: dict[str, str], out_dir: Path, met
     tokenizer.save(str(out_dir / TOKENIZER_FILE))
     hf_specials = {f"{role}_token": named[role] for role in ROLES}
     hf_specials.update(cls_token=named["bos"], sep_token=named["eos"])  # BERT-style code asks for these
-    write_json(out_dir / "special_tokens_map.json", hf_specials)
+    write_json(out_dir / SPECIALS_FILE, hf_specials)
     # "PreTrainedTokenizerFast" rather than transformers 5's "TokenizersBackend": both 4.x and 5.x load it.
-    write_json(out_dir / "tokenizer_config.json", {
+    write_json(out_dir / HF_CONFIG_FILE, {
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **hf_specials})
     write_json(out_dir / META_FILE, {
         **meta, "vocab_size": tokenizer.get_vocab_size(),
         "special_tokens": {role: {"token": named[role], "id": tokenizer.token_to_id(named[role])} for role in ROLES}})
+
+
+def copy_tokenizer(source: Path, folder: Path) -> None:
+    """The tokenizer's files (TOKENIZER_FILES) from `source`, a tokenizer folder or a model folder that has
+    them, into `folder`: every model folder carries the tokenizer it reads text with."""
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copy2(Path(source) / name, Path(folder) / name)
 
 
 def check_plain(tokenizer: Tokenizer) -> None:

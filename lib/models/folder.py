@@ -1,5 +1,9 @@
 """Model folders: the one module that reads and writes them (a stage's output, a published model).
 
+Every model folder is written by `model_folder`: whole or not at all, with the tokenizer's files copied
+in, and what its writer adds (the weights by `write_model`, an objective's extras, a task model's head
+and classifier.json, the model card) written into it before it replaces the old one.
+
 A folder holds `config.json` and `model.safetensors`. A model that a transformers architecture computes
 exactly is written in that architecture's layout (lib/models/hf.py), with our own config kept under
 EXPORT_KEY, so the folder loads in transformers too; any other model in this module's own layout (the
@@ -10,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -18,6 +24,7 @@ import torch.nn as nn
 from lib.config.errors import UserError
 from lib.core.errors import one_line
 from lib.core.io import atomic_dir, read_safetensors, write_safetensors
+from lib.data.tokenizer import copy_tokenizer
 from lib.models import hf
 from lib.models.architectures import Transformer, build_model
 from lib.models.config import TransformerConfig
@@ -25,9 +32,25 @@ from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout
 from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
 
 
-def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None,
-               task_head: tuple[dict[str, torch.Tensor], dict] | None = None, language: int | None = None) -> None:
-    """out_dir/model.safetensors + out_dir/config.json, written whole or not at all: in the layout of
+@contextmanager
+def model_folder(out_dir: Path, tokenizer_dir: Path | None = None) -> Iterator[Path]:
+    """Yield the folder that becomes `out_dir` once the block ends without an error (lib.core.io.atomic_dir),
+    the tokenizer's files of `tokenizer_dir` already in it."""
+    with atomic_dir(out_dir) as folder:
+        if tokenizer_dir is not None:
+            copy_tokenizer(tokenizer_dir, folder)
+        yield folder
+
+
+def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | None = None) -> None:
+    """A model folder of the weights and config alone (write_model), written whole or not at all."""
+    with model_folder(out_dir) as folder:
+        write_model(model, folder, special_ids)
+
+
+def write_model(model: Transformer, folder: Path, special_ids: dict[str, int] | None = None,
+                task_head: tuple[dict[str, torch.Tensor], dict] | None = None, language: int | None = None) -> None:
+    """folder/model.safetensors + folder/config.json (`folder`: a model_folder being written): in the layout of
     the transformers architecture that computes exactly what this model does, where there is one
     (lib.models.hf, which needs the tokenizer's `special_ids` for pad/bos/eos), else in this module's
     own layout. `task_head`: (tensors, config.json keys) a task model adds to that transformers layout,
@@ -37,16 +60,15 @@ def save_model(model: Transformer, out_dir: Path, special_ids: dict[str, int] | 
     family, _ = export_family(model.cfg)
     if task_head is not None and family is None:
         raise ValueError("a task head's tensors go into a transformers layout; this model has none")
-    with atomic_dir(out_dir) as tmp:
-        if family is None:
-            write_safetensors(tmp / MODEL_FILE, model.state_dict())
-            config = dataclasses.asdict(model.cfg)
-        else:
-            config, tensors = export_layout(model, family, special_ids or {}, language)
-            head_tensors, head_config = task_head or ({}, {})
-            config.update(head_config)
-            write_safetensors(tmp / MODEL_FILE, {**tensors, **head_tensors}, metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if family is None:
+        write_safetensors(folder / MODEL_FILE, model.state_dict())
+        config = dataclasses.asdict(model.cfg)
+    else:
+        config, tensors = export_layout(model, family, special_ids or {}, language)
+        head_tensors, head_config = task_head or ({}, {})
+        config.update(head_config)
+        write_safetensors(folder / MODEL_FILE, {**tensors, **head_tensors}, metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:

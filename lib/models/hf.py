@@ -11,7 +11,7 @@ its tensor names onto ours; this module reads and writes published models from t
 The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the published model lacks
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
 
-The same tables export: lib.models.folder.save_model writes a model as the family that computes exactly what
+The same tables export: lib.models.folder.write_model writes a model as the family that computes exactly what
 it does (export_family), so the folders the pipeline writes load in transformers too; a classifier's
 head joins them where the family's task model has the same head (lib.tasks.model).
 """
@@ -259,7 +259,7 @@ def export_layout(model: Transformer, family: Family, special_ids: dict[str, int
 
 def load_exported(folder: Path, cfg: TransformerConfig,
                   tensors: dict[str, torch.Tensor] | None = None) -> Transformer:
-    """A folder save_model wrote in a transformers layout, back into the identical Transformer;
+    """A folder write_model wrote in a transformers layout, back into the identical Transformer;
     `tensors`: its read_weights, where the caller has them already (a task head's are among them)."""
     family, _ = export_family(cfg)
     return load_tensors(build_model(cfg), family, read_weights(folder) if tensors is None else tensors, folder).model

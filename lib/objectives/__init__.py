@@ -31,7 +31,7 @@ from lib.config.errors import UserError
 from lib.config.params import Params, ParamsError, check_choice
 from lib.core.io import read_safetensors, write_safetensors
 from lib.models.config import TransformerConfig
-from lib.models.folder import load_model, save_model
+from lib.models.folder import load_model, write_model
 from lib.objectives.base import (  # noqa: F401 (the interface)
     OBJECTIVES, BatchPlan, Objective, fitting_objective, register)
 
@@ -88,12 +88,13 @@ def objective_extras(objective: Objective) -> dict[str, Tensor]:
     return {name: p.detach() for name, p in objective.named_parameters() if id(p) not in backbone}
 
 
-def save_objective(objective: Objective, out_dir: Path) -> None:
-    """The backbone as a model folder (lib.models.folder.save_model), plus objective.safetensors if any extras."""
-    save_model(objective.backbone(), out_dir, objective.special_ids)
+def save_objective(objective: Objective, folder: Path) -> None:
+    """The backbone (lib.models.folder.write_model) and objective.safetensors if any extras, into `folder`: a
+    model folder being written (lib.models.folder.model_folder)."""
+    write_model(objective.backbone(), folder, objective.special_ids)
     extras = objective_extras(objective)
     if extras:
-        write_safetensors(out_dir / EXTRAS_FILE, extras)
+        write_safetensors(folder / EXTRAS_FILE, extras)
 
 
 def load_objective(objective: Objective, model_dir: Path) -> bool:

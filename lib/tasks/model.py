@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,13 +38,13 @@ from tokenizers import Tokenizer, processors
 from torch import nn
 
 from lib.config.errors import UserError
-from lib.core.io import atomic_dir, write_safetensors
-from lib.data.tokenizer import TOKENIZER_FILE, saved_special_ids
+from lib.core.io import write_safetensors
+from lib.data.tokenizer import HF_CONFIG_FILE, TOKENIZER_FILE, saved_special_ids
 from lib.models.architectures import Transformer
 from lib.models.config import TransformerConfig
 from lib.models.families import FAMILIES
 from lib.models.families.base import Family
-from lib.models.folder import CONFIG_FILE, MODEL_FILE, load_model, load_weights, read_config, save_model
+from lib.models.folder import MODEL_FILE, load_model, load_weights, model_folder, read_config, write_model
 from lib.models.hf import export_family, load_exported, read_weights
 from lib.tasks.capabilities import Exported, Served
 
@@ -263,7 +262,7 @@ def head_tensor_names(model: TaskModel, family: Family, kind: Exported) -> dict[
 
 
 def head_export(model: TaskModel, family: Family, meta: dict[str, Any], kind: Exported) -> tuple[dict, dict]:
-    """(the head's tensors under transformers' names, the config.json keys) that make save_model's
+    """(the head's tensors under transformers' names, the config.json keys) that make write_model's
     `family` folder the model for the task's type `kind`: the class, the labels, the output layer as that
     class reads it (Exported.export_output)."""
     head = model.head.state_dict()
@@ -285,15 +284,11 @@ def output_layer(tensors: dict[str, torch.Tensor], name: str, kind: Exported, in
     return {f"{name}.{leaf}": tensor for leaf, tensor in kind.export_output(layer, info, inverse).items()}
 
 
-def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, special_ids: dict[str, int],
-                   max_len: int | None) -> None:
-    """The tokenizer files, set up so that transformers encodes as lib.data.encoding.encode does (texts within
-    max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
+def set_task_encoding(folder: Path, cfg: TransformerConfig, special_ids: dict[str, int], max_len: int | None) -> None:
+    """The tokenizer files in `folder` set up so that transformers encodes as lib.data.encoding.encode does (texts
+    within max_len): [bos] a [eos] (b [eos], segment 1) as the template, token type ids only for a model with
     segment embeddings (GPT-2 would add them as tokens), max_len as model_max_length."""
-    for path in Path(tokenizer_dir).iterdir():
-        if path.is_file() and path.suffix == ".json" and path.name not in (CONFIG_FILE, META_FILE):
-            shutil.copy2(path, folder / path.name)
-    try:  # a checkpoint's own template (RoBERTa's <s> a </s></s> b </s>) is not the one training used
+    try:  # a published model's own template (RoBERTa's <s> a </s></s> b </s>) is not the one training used
         tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     except Exception:  # tokenizers raises bare Exceptions; a folder without a usable tokenizer is left as it is
         return
@@ -302,7 +297,7 @@ def copy_tokenizer(tokenizer_dir: Path, folder: Path, cfg: TransformerConfig, sp
         single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1",
         special_tokens=[(bos, special_ids["bos"]), (eos, special_ids["eos"])])
     tokenizer.save(str(folder / TOKENIZER_FILE))
-    path = folder / "tokenizer_config.json"
+    path = folder / HF_CONFIG_FILE
     if path.is_file():
         config = json.loads(path.read_text(encoding="utf-8"))
         segments = ["token_type_ids"] if cfg.segment_vocab else []
@@ -322,29 +317,35 @@ def card_facts(kind) -> dict[str, Any]:
 
 
 def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
-    """out_dir/: backbone, head, classifier.json (head config + `meta`: label names, encoding) and the
-    tokenizer files, written whole or not at all. Where transformers has the same backbone and head
-    (task_model_family), the folder is its sequence-classification model: the head's tensors sit
-    in model.safetensors under transformers' names, and AutoModelForSequenceClassification and
-    pipeline("text-classification") load it; else the head is head.safetensors. Returns one line
+    """out_dir/ as write_task_model writes it, with the tokenizer files of `tokenizer_dir`, written whole or
+    not at all (lib.models.folder.model_folder); write_task_model's line."""
+    with model_folder(out_dir, tokenizer_dir) as folder:
+        return write_task_model(model, folder, meta)
+
+
+def write_task_model(model: TaskModel, folder: Path, meta: dict[str, Any]) -> str:
+    """Into `folder` (a model folder being written, its tokenizer files in it): backbone, head and
+    classifier.json (head config + `meta`: label names, encoding), the tokenizer set up to encode as
+    training did. Where transformers has the same backbone and head (task_model_family), the folder is
+    its task model of the type's shape: the head's tensors sit in model.safetensors under transformers'
+    names, and its Auto class and pipeline load it; else the head is head.safetensors. Returns one line
     saying which (also classifier.json's "transformers")."""
     from lib.tasks import saved_type  # here: the registry imports the types, which build their models with this module
-    special = saved_special_ids(tokenizer_dir)
+    special = saved_special_ids(folder)
     kind = saved_type(meta)
     family, why = (task_model_family(model, special, kind) if isinstance(kind, Exported)
                    else (None, f"transformers has no task model for a {kind.name} task"))
     line = f"{EXPORTED}{family.task_models[kind.task_model].cls}" if family else f"lib layout only: {why}"
-    with atomic_dir(out_dir) as tmp:
-        if family is None:
-            save_model(model.backbone, tmp, special)
-            write_safetensors(tmp / HEAD_FILE, model.head.state_dict())
-            if model.mix is not None:
-                write_safetensors(tmp / MIX_FILE, model.mix.state_dict())
-        else:
-            save_model(model.backbone, tmp, special, head_export(model, family, meta, kind), model.language)
-        info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
-        (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        copy_tokenizer(tokenizer_dir, tmp, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
+    if family is None:
+        write_model(model.backbone, folder, special)
+        write_safetensors(folder / HEAD_FILE, model.head.state_dict())
+        if model.mix is not None:
+            write_safetensors(folder / MIX_FILE, model.mix.state_dict())
+    else:
+        write_model(model.backbone, folder, special, head_export(model, family, meta, kind), model.language)
+    info = {"head": dataclasses.asdict(model.head_cfg), **meta, "transformers": line}
+    (folder / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    set_task_encoding(folder, model.backbone.cfg, special, meta.get("encoding", {}).get("max_len"))
     return line
 
 

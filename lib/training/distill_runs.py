@@ -14,13 +14,14 @@ from lib.config.errors import UserError
 from lib.config.params import Params, TaskConfig
 from lib.core import distributed
 from lib.core.distributed import Context
-from lib.core.io import atomic_dir, write_json
+from lib.core.io import write_json
 from lib.core.tracking import StageRun
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.folder import model_folder
 from lib.serving.model_card import write_model_card
 from lib.tasks import saved_type, task_metrics, task_type
 from lib.tasks.base import text_hash
-from lib.tasks.model import TaskModel, card_facts, save_task_model
+from lib.tasks.model import TaskModel, card_facts, write_task_model
 from lib.training.distill import DistillResult, distill_task
 from lib.training.finetune import run_name
 
@@ -82,8 +83,8 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: TaskModel, info: dict
             "eval_split": task.eval_split, "dev": result.student["dev"], "eval": result.student["eval"],
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
-    with atomic_dir(task_dir / STUDENT) as tmp:
-        line = save_task_model(student, tmp, teacher_dir, meta)
+    with model_folder(task_dir / STUDENT, teacher_dir) as tmp:
+        line = write_task_model(student, tmp, meta)
         card = {"transformers": line, **card_facts(kind), "params": result.student_params,
                 "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
                 "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

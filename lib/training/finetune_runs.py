@@ -17,14 +17,15 @@ from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig, Params, TaskConfig
 from lib.core import distributed
 from lib.core.distributed import Context
-from lib.core.io import atomic_dir, write_json
+from lib.core.io import write_json
 from lib.core.tracking import StageRun
 from lib.models.architectures import Transformer
 from lib.models.config import TransformerConfig
+from lib.models.folder import model_folder
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.tasks.model import card_facts, language_row, save_task_model
+from lib.tasks.model import card_facts, language_row, write_task_model
 from lib.training.finetune import RunResult, run_name, transfer_scores
 from lib.training.variants import VARIANTS, run_variant
 
@@ -85,8 +86,8 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                 "dev": result.dev, "eval_split": task.eval_split, "eval": result.eval,
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}
-        with atomic_dir(task_dir / BEST) as tmp:
-            line = save_task_model(model, tmp, tokenizer_dir, meta)
+        with model_folder(task_dir / BEST, tokenizer_dir) as tmp:
+            line = write_task_model(model, tmp, meta)
             card = {"transformers": line, **card_facts(TYPES[task.type]),
                     "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
                     "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

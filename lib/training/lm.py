@@ -18,10 +18,11 @@ import numpy as np
 from lib.config.errors import UserError
 from lib.config.params import Params, TrainConfig
 from lib.core import distributed, runtime
-from lib.core.io import atomic_dir, write_csv, write_json
+from lib.core.io import write_csv, write_json
 from lib.core.progress import Progress
 from lib.data.packed import PackedTokens
 from lib.data.tokenizer import read_meta, saved_special_ids, tokenizer_sha256
+from lib.models.folder import model_folder
 from lib.models.hf import ImportedModel, describe_import, import_model, init_folder
 from lib.objectives import BatchPlan, Objective, build_objective, fitting_objective, save_objective
 from lib.serving.model_card import write_model_card
@@ -139,11 +140,8 @@ def save_model_folder(objective: Objective, tokenizer_dir: Path, out: Path, stag
                       metrics: dict[str, Any]) -> None:
     """out/: the backbone (+ the objective's extras), the tokenizer files and the model card of `stage`'s
     `metrics`, written whole or not at all."""
-    with atomic_dir(out) as tmp:
+    with model_folder(out, tokenizer_dir) as tmp:
         save_objective(objective, tmp)
-        for path in tokenizer_dir.iterdir():
-            if path.is_file() and path.suffix == ".json" and path.name != "config.json":
-                shutil.copy2(path, tmp / path.name)
         # adapt's tokenizer folder is the model it started from, whose card tells the chain so far
         write_model_card(tmp, stage, params, metrics, upstream=tokenizer_dir if stage == "adapt" else None)
 
