@@ -43,7 +43,7 @@ class Exported:
     pipeline_tag: str  # the hub's task of that model (a model card's pipeline_tag)
 
     def export_config(self, label_names: list[str]) -> dict[str, Any]:
-        """The keys of transformers' config.json that make an exported checkpoint this type's model."""
+        """The keys of transformers' config.json that make an exported model this type's model."""
         return {}
 
     def export_output(self, layer: dict[str, torch.Tensor], info: dict[str, Any],
