@@ -168,6 +168,24 @@ def test_no_architecture_is_named_outside_its_module():
     assert names_outside(home, allowed) == []
 
 
+
+def test_no_optimizer_is_named_outside_optim():
+    """An optimizer is one entry in lib/training/optim.py's OPTIMIZERS: its name as a string anywhere else in
+    the code means knowledge of it sits outside that file. params.py's default `optimizer` value is the one
+    exception (schedules are named by the variants that pick them, through `Schedule`, and are not checked)."""
+    from lib.training.optim import OPTIMIZERS
+
+    def allowed(path: Path, tree: ast.Module) -> set:
+        if path == LIB / "training" / "optim.py":
+            return set(ast.walk(tree))
+        if path == LIB / "config" / "params.py":
+            defaults = [node.value for node in ast.walk(tree)
+                        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "optimizer"]
+            return {constant for default in defaults for constant in ast.walk(default)}
+        return set()
+
+    assert names_outside(OPTIMIZERS, allowed) == []
+
 NEW_MODULES = {  # a module each that subclasses an existing concept under a new name, and nothing else
     "lib/objectives/toy_lm.py": "from lib.objectives.base import register\nfrom lib.objectives.clm import CausalLM\n\n"
                                 "@register\nclass ToyLM(CausalLM):\n    name = 'toy_lm'\n",
