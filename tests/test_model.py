@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from lib.config.errors import UserError
 from lib.config.params import ModelConfig
-from lib.models.architectures import ARCHITECTURES, Transformer, build_model
+from lib.models.architectures import ARCHITECTURES, EncoderDecoder, Transformer, build_model
 from lib.models.architectures.decoder import Decoder
 from lib.models.architectures.encoder import Encoder
 from lib.models.blocks import alibi_slopes, apply_rope, rope_cache
@@ -16,7 +16,7 @@ from lib.models.config import TransformerConfig
 from lib.models.folder import EXPORT_KEY, load_model, save_model
 from tests.helpers import skip_unless_cpu_bf16
 
-POSITIONS = ["learned", "sinusoidal", "rope", "alibi"]
+POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "t5"]
 VOCAB = 50
 
 
@@ -35,9 +35,10 @@ def tokens(B=2, T=12, seed=1) -> torch.Tensor:
 
 
 def test_a_config_names_its_architecture():
-    """Today's configs name theirs by `causal` alone: config.json holds no name, so old folders still load."""
+    """One-stack configs name theirs by `causal` alone: config.json holds no name, so old folders still load;
+    an encoder-decoder's names it (its tests: tests/test_encoder_decoder.py)."""
     assert type(build()) is Encoder and type(build(causal=True)) is Decoder
-    assert ARCHITECTURES == {"encoder": Encoder, "decoder": Decoder}
+    assert ARCHITECTURES == {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
     with pytest.raises(ValueError, match="causal"):
         Encoder(tiny(causal=True))
 
@@ -113,14 +114,14 @@ def test_padding_does_not_leak_into_real_tokens(position, causal):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("position", POSITIONS)
 def test_relative_positions_ignore_where_the_text_starts(position, causal):
-    """The same 6 tokens right-padded and left-padded: with RoPE/ALiBi each real token sees the same
+    """The same 6 tokens right-padded and left-padded: with RoPE/ALiBi/T5's bias each real token sees the same
     tokens at the same distances, so its output is identical; absolute positions change it."""
     model = build(position=position, causal=causal)
     text, pad = tokens(B=1, T=6), torch.zeros(1, 4, dtype=torch.long)
     right, left = torch.cat([text, pad], 1), torch.cat([pad, text], 1)
     out_right = model(right, attention_mask=right > 0)[0, :6]
     out_left = model(left, attention_mask=left > 0)[0, 4:]
-    relative = position in ("rope", "alibi")
+    relative = position in ("rope", "alibi", "t5")
     assert torch.allclose(out_right, out_left, atol=1e-5) == relative
 
 
@@ -146,7 +147,7 @@ def test_alibi_slopes_are_geometric():
 def test_max_positions(position):
     model = build(position=position)
     assert model(tokens(T=16)).shape == (2, 16, 32)
-    if position == "alibi":  # no table to run out of: it extrapolates
+    if position in ("alibi", "t5"):  # no table to run out of: they extrapolate
         assert model(tokens(T=20)).shape == (2, 20, 32)
     else:
         with pytest.raises(ValueError, match="model.max_positions"):

@@ -276,7 +276,8 @@ class ModelConfig:
     d_ff: int = 1024
     dropout: float = 0.1
     max_positions: int = 512
-    position: Literal["learned", "sinusoidal", "rope", "alibi"] = "learned"
+    # t5: T5's bucketed relative position bias (Raffel et al. 2020), a learned bias per head and distance bucket
+    position: Literal["learned", "sinusoidal", "rope", "alibi", "t5"] = "learned"
     norm: Literal["pre", "post"] = "pre"  # LayerNorm before each sublayer (GPT-2) or after it (BERT)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     # the LM head: BERT's dense-GELU-LayerNorm before the decoder, or GPT-2's (and XLM's) decoder alone
@@ -304,6 +305,21 @@ class ModelConfig:
             raise ParamsError(f"{key}.embedding_size: {self.embedding_size} must be >= 1 (or null = d_model)")
         if self.segment_vocab < 0:
             raise ParamsError(f"{key}.segment_vocab: {self.segment_vocab} must be >= 0")
+
+
+@dataclass
+class EncoderDecoderConfig:
+    """The model of the encoder-decoder objectives (t5, bart; lib/models/architectures/encoder_decoder.py): the
+    model section's sizes in T5's or BART's shape."""
+
+    # auto: the objective's own (t5 -> t5, bart -> bart); t5: RMS pre-norm, T5's relative position bias, no
+    # biases, ReLU; bart: post-LN, learned positions, GELU. model.position, norm and lm_head do not apply.
+    shape: Literal["auto", "t5", "bart"] = "auto"
+    decoder_layers: int | None = None  # the decoder's depth; null = model.n_layers
+
+    def validate(self, key: str) -> None:
+        if self.decoder_layers is not None and self.decoder_layers < 1:
+            raise ParamsError(f"{key}.decoder_layers: {self.decoder_layers} must be >= 1 (or null = model.n_layers)")
 
 
 @dataclass
@@ -722,6 +738,7 @@ class Params:
     clean: CleanConfig = field(default_factory=CleanConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    encoder_decoder: EncoderDecoderConfig = field(default_factory=EncoderDecoderConfig)
     mlm: MLMConfig = field(default_factory=MLMConfig)
     electra: ElectraConfig = field(default_factory=ElectraConfig)
     plm: PLMConfig = field(default_factory=PLMConfig)
@@ -793,7 +810,7 @@ class Params:
         for i, task in enumerate(self.finetune.tasks):
             if task not in self.tasks:
                 raise self.unknown_task(f"finetune.tasks[{i}]", task)
-            if self.tasks[task].max_len > self.model.max_positions and self.model.position != "alibi":
+            if self.tasks[task].max_len > self.model.max_positions and self.model.position not in ("alibi", "t5"):
                 raise ParamsError(f"tasks.{task}.max_len: {self.tasks[task].max_len} is above model.max_positions "
                                   f"({self.model.max_positions}); lower it")
         # per-task settings may name tasks that are not selected (so that selecting another task is one

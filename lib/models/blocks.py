@@ -1,17 +1,20 @@
 """The building blocks every architecture (lib/models/architectures/) is assembled from, nanoGPT-style:
 embeddings, attention, the MLP, the block, the LM head, BERT's pooler, and the position helpers.
 
-Positions are learned, sinusoidal (added to the embeddings), RoPE (rotating q and k) or ALiBi (a
-per-head distance bias on the attention scores). Attention is torch's scaled_dot_product_attention, so
-fused kernels are used where they apply. It attends over its own input or, given a `context`, from its
-input's queries to another sequence's keys and values: XLNet's query stream reads the content stream
-so today (lib/objectives/plm.py), and an encoder-decoder's cross-attention will read the encoder's output so.
+Positions are learned, sinusoidal (added to the embeddings), RoPE (rotating q and k), ALiBi (a
+per-head distance bias on the attention scores) or T5's bias (a learned bias per head and bucket of
+distance, RelativeBias). Attention is torch's scaled_dot_product_attention, so fused kernels are used
+where they apply. It attends over its own input or, given a `context`, from its input's queries to
+another sequence's keys and values: XLNet's query stream reads the content stream so
+(lib/objectives/plm.py), and an encoder-decoder's cross-attention reads the encoder's output so. A
+decoder generating token by token keeps each attention's keys and values in a KeyValues.
 The names of the modules here are the state_dict's, which model folders and model families
 (lib/models/families/) name: renaming one changes every saved model.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -69,6 +72,52 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes)
 
 
+def relative_buckets(distance: torch.Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's bucket of each key-minus-query `distance`: half the buckets exact (small distances), the rest
+    log-spaced up to max_distance, the last holding all beyond; bidirectional splits the buckets between
+    keys after the query and keys before it, one-sided (a decoder's) keeps only those before."""
+    bucket = torch.zeros_like(distance)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (distance > 0).long() * n_buckets
+        distance = distance.abs()
+    else:
+        distance = (-distance).clamp(min=0)
+    exact = n_buckets // 2
+    spread = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                      * (n_buckets - exact)).long()
+    return bucket + torch.where(distance < exact, distance, spread.clamp(max=n_buckets - 1))
+
+
+class RelativeBias(nn.Module):
+    """T5's relative position bias: a learned scalar per head and bucket of query-key distance, added to
+    the attention scores of every block of a stack (the stack owns it; T5 keeps it in its first block)."""
+
+    def __init__(self, cfg: TransformerConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional, self.n_buckets, self.max_distance = bidirectional, cfg.relative_buckets, cfg.relative_max_distance
+        self.bias = nn.Embedding(cfg.relative_buckets, cfg.n_heads)
+
+    def forward(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Positions (1 or B, T) of the queries and (1 or B, S) of the keys -> the bias (1 or B, H, T, S)."""
+        buckets = relative_buckets(keys[:, None, :] - queries[:, :, None], self.bidirectional, self.n_buckets,
+                                   self.max_distance)
+        return self.bias(buckets).permute(0, 3, 1, 2)
+
+
+@dataclass
+class KeyValues:
+    """One attention layer's keys and values (B, H, S, head_size) kept while a decoder generates: its
+    self-attention's grow by each step's tokens, its cross-attention's are the encoder output's, computed once."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+
 class Embeddings(nn.Module):
     """token (+ learned/sinusoidal positions) (+ segment) -> LayerNorm (unless embedding_norm is off)
     -> dropout, all of width E."""
@@ -93,6 +142,8 @@ class Embeddings(nn.Module):
         """position_ids (B, T): each token's position, where they do not simply count from 0 (XLM's
         translation pairs restart at the second sentence); language_ids (B, T): rows of cfg.languages."""
         x = self.token(input_ids)
+        if self.cfg.embedding_scale:
+            x = x * math.sqrt(self.cfg.d_model)
         T = input_ids.shape[1]
         if self.cfg.position == "learned":
             offset = self.cfg.position_offset
@@ -122,72 +173,106 @@ class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig, causal: bool):
         super().__init__()
         self.n_heads, self.causal, self.dropout = cfg.n_heads, causal, cfg.dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.scale = None if cfg.scale_attention else 1.0  # None: SDPA's 1/sqrt(head size)
+        width = cfg.attention_width
+        self.qkv = nn.Linear(cfg.d_model, 3 * width, bias=cfg.bias)
+        self.proj = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None,
-                context: torch.Tensor | None = None, context_rope: tuple | None = None) -> torch.Tensor:
+                context: torch.Tensor | None = None, context_rope: tuple | None = None,
+                cache: KeyValues | None = None) -> torch.Tensor:
         """Self-attention over x (B, T, C); with `context` (B, S, C), x's queries attend context's keys and
         values instead (qkv's query rows read x, its key and value rows the context), rotated by
-        `context_rope` under rope. `mask`: SDPA's attn_mask, broadcastable to (B, H, T, T or S)."""
-        B, T, C = x.shape
+        `context_rope` under rope. `mask`: SDPA's attn_mask, broadcastable to (B, H, T, keys). `cache`: a
+        generating decoder's keys and values, which self-attention extends by x's and cross-attention
+        computes from the context once, then reuses."""
+        B, T, _ = x.shape
+        width = self.proj.in_features
+        heads = (self.n_heads, width // self.n_heads)
         if context is None:
-            q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k, v = self.qkv(x).view(B, T, 3, *heads).permute(2, 0, 3, 1, 4).unbind(0)
             context_rope = rope
         else:
             weight, bias = self.qkv.weight, self.qkv.bias
-            q = F.linear(x, weight[:C], bias[:C]).view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
-            S = context.shape[1]
-            k, v = F.linear(context, weight[C:], bias[C:]).view(B, S, 2, self.n_heads, C // self.n_heads) \
-                .permute(2, 0, 3, 1, 4).unbind(0)
+            q = F.linear(x, weight[:width], None if bias is None else bias[:width]).view(B, T, *heads).transpose(1, 2)
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                S = context.shape[1]
+                k, v = F.linear(context, weight[width:], None if bias is None else bias[width:]) \
+                    .view(B, S, 2, *heads).permute(2, 0, 3, 1, 4).unbind(0)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *context_rope)
+        if cache is not None:
+            if context is None and cache.k is not None:  # the keys so far, then this step's
+                k, v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=self.causal and mask is None and context is None)
-        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+                                           is_causal=self.causal and mask is None and context is None and k.shape[2] == T,
+                                           scale=self.scale)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, width)))
 
 
 class MLP(nn.Module):
+    """fc2(act(fc1 x)), or T5 v1.1's gated form fc2(act(fc1 x) * up x) (gated_mlp)."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.gated_mlp else None
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.cfg.act(self.fc1(x))))
+        hidden = self.cfg.act(self.fc1(x))
+        if self.up is not None:
+            hidden = hidden * self.up(x)
+        return self.dropout(self.fc2(hidden))
 
 
 class Block(nn.Module):
     """Attention then the MLP, each a residual branch. Pre-LN (GPT-2): x + f(ln(x)), stable without
-    warmup tricks. Post-LN (BERT): ln(x + f(x))."""
+    warmup tricks. Post-LN (BERT): ln(x + f(x)). With `cross` (an encoder-decoder's decoder), a
+    cross-attention sub-layer between them, with its own norm, reads the encoder's output."""
 
-    def __init__(self, cfg: TransformerConfig, causal: bool):
+    def __init__(self, cfg: TransformerConfig, causal: bool, cross: bool = False):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.ln1 = cfg.layer_norm(cfg.d_model)
         self.attn = Attention(cfg, causal)
+        if cross:
+            self.ln_cross = cfg.layer_norm(cfg.d_model)
+            self.cross = Attention(cfg, causal=False)
         self.ln2 = cfg.layer_norm(cfg.d_model)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rope: tuple | None,
-                context: torch.Tensor | None = None, context_rope: tuple | None = None) -> torch.Tensor:
+                context: torch.Tensor | None = None, context_rope: tuple | None = None,
+                memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                cache: tuple[KeyValues, KeyValues] | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). With `context`, the attention reads its keys and values through this
-        block's own weights and LayerNorm: XLNet's query stream reading the content stream. (An
-        encoder-decoder's cross-attention is another sub-layer: an Attention and a LayerNorm of its own.)"""
+        block's own weights and LayerNorm: XLNet's query stream reading the content stream. `memory`
+        (B, S, C): the encoder's output the cross-attention reads (masked by `memory_mask`, SDPA's
+        attn_mask); `cache`: a generating decoder's (self-attention's, cross-attention's) keys and values."""
+        own, crossed = cache if cache is not None else (None, None)
         if self.pre_norm:
             context = self.ln1(context) if context is not None else None
-            x = x + self.attn(self.ln1(x), mask, rope, context, context_rope)
+            x = x + self.attn(self.ln1(x), mask, rope, context, context_rope, own)
+            if memory is not None:
+                x = x + self.cross(self.ln_cross(x), memory_mask, None, memory, cache=crossed)
             return x + self.mlp(self.ln2(x))
-        x = self.ln1(x + self.attn(x, mask, rope, context, context_rope))
+        x = self.ln1(x + self.attn(x, mask, rope, context, context_rope, own))
+        if memory is not None:
+            x = self.ln_cross(x + self.cross(x, memory_mask, None, memory, cache=crossed))
         return self.ln2(x + self.mlp(x))
 
 
 class LMHead(nn.Module):
     """BERT's prediction head (lm_head "mlp"): dense d_model->E, GELU, LayerNorm, then the decoder
-    E->vocab (+ bias); or GPT-2's (lm_head "linear"): the decoder alone, no bias."""
+    E->vocab (+ bias); or GPT-2's (lm_head "linear"): the decoder alone, no bias (T5's: after scaling
+    the hidden state by d_model^-0.5, rescale_output)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -200,6 +285,8 @@ class LMHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.lm_head == "mlp":
             x = self.norm(self.cfg.act(self.dense(x)))
+        if self.cfg.rescale_output:
+            x = x * self.cfg.d_model ** -0.5
         return self.decoder(x)
 
 

@@ -26,7 +26,7 @@ from lib.core.errors import one_line
 from lib.core.io import atomic_dir, read_safetensors, write_safetensors
 from lib.data.tokenizer import copy_tokenizer
 from lib.models import hf
-from lib.models.architectures import Transformer, build_model
+from lib.models.architectures import Seq2SeqConfig, Transformer, build_model
 from lib.models.config import TransformerConfig
 from lib.models.hf import CONFIG_FILE, EXPORT_KEY, export_family, export_layout
 from lib.models.hf import SAFETENSORS_FILE as MODEL_FILE
@@ -91,8 +91,9 @@ def read_config(model_dir: Path) -> TransformerConfig:
     config = read_config_json(model_dir)
     if "model_type" in config and EXPORT_KEY not in config:
         return load_model(model_dir).cfg  # a published model: its weights tell whether it has a pooler
+    fields = config.get(EXPORT_KEY, config)
     try:
-        return TransformerConfig(**config.get(EXPORT_KEY, config))
+        return (Seq2SeqConfig if "architecture" in fields else TransformerConfig)(**fields)
     except (ValueError, TypeError) as err:  # unknown/invalid fields
         raise UserError(f"{Path(model_dir) / CONFIG_FILE}: cannot build the model config ({one_line(err)}); "
                         "point at a folder written by save_model") from None

@@ -14,8 +14,9 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from lib.models.blocks import (Block, Embeddings, LMHead, Pooler, alibi_slopes, init_weights, matmul_weights,
-                               rope_cache)
+from lib.models.blocks import (Block, Embeddings, KeyValues, LMHead, Pooler, RelativeBias, alibi_slopes, init_weights,
+                               matmul_weights, rope_cache)
+from lib.models.config import TABLELESS_POSITIONS
 from lib.models.config import TransformerConfig
 
 
@@ -27,8 +28,9 @@ class Transformer(nn.Module):
     name: ClassVar[str]  # the architecture's (lib/models/architectures/)
     causal: ClassVar[bool]  # each position attends only to itself and those before it
 
-    def __init__(self, cfg: TransformerConfig, embeddings: Embeddings | None = None):
-        """`embeddings`: another model's, shared (ELECTRA's generator and discriminator, ELMo's two stacks)."""
+    def __init__(self, cfg: TransformerConfig, embeddings: Embeddings | None = None, cross: bool = False):
+        """`embeddings`: another model's, shared (ELECTRA's generator and discriminator, ELMo's two stacks).
+        `cross`: each block reads an encoder's output too (an encoder-decoder's decoder)."""
         super().__init__()
         if cfg.causal != self.causal:
             raise ValueError(f"the {self.name} architecture has causal={self.causal}, the config causal={cfg.causal} "
@@ -40,7 +42,8 @@ class Transformer(nn.Module):
                              f"({cfg.padded_vocab}, {cfg.embedding_dim})")
         self.embeddings = embeddings if embeddings is not None else Embeddings(cfg)
         self.project = nn.Linear(cfg.embedding_dim, cfg.d_model) if cfg.embedding_dim != cfg.d_model else nn.Identity()
-        self.blocks = nn.ModuleList(Block(cfg, self.causal) for _ in range(1 if cfg.share_layers else cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, self.causal, cross)
+                                    for _ in range(1 if cfg.share_layers else cfg.n_layers))
         self.norm = cfg.layer_norm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()  # post-LN ends normed
         self.head = LMHead(cfg)
         self.pooler = Pooler(cfg) if cfg.pooler else None
@@ -50,37 +53,54 @@ class Transformer(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         elif cfg.position == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        self.relative_bias = RelativeBias(cfg, bidirectional=not self.causal) if cfg.position == "t5" else None
 
         # Initialise what this model owns; shared embeddings keep their (possibly trained) weights.
-        for module in (self.project, self.blocks, self.head, self.pooler):
+        for module in (self.project, self.blocks, self.head, self.pooler, self.relative_bias):
             if module is not None:
                 module.apply(init_weights)
-        for block in self.blocks:  # GPT-2: each residual branch adds variance; 2 branches per layer
-            for proj in (block.attn.proj, block.mlp.fc2):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        branches = 3 if cross else 2
+        for block in self.blocks:  # GPT-2: each residual branch adds variance; 2 branches per layer (3 with cross)
+            for proj in (block.attn.proj, block.mlp.fc2, *((block.cross.proj,) if cross else ())):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(branches * cfg.n_layers))
         if cfg.tie_embeddings:  # after init, so tying never re-initialises shared embeddings
             self.head.decoder.weight = self.embeddings.token.weight
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                language_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
+                language_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                cache: list[tuple[KeyValues, KeyValues]] | None = None):
         """input_ids (B, T) -> hidden (B, T, d_model). attention_mask (B, T): True at real tokens.
         language_ids and position_ids (B, T): see Embeddings. With output_hidden_states, also the
-        embedding output and each layer's output (before the final norm of pre-LN), n_layers + 1 tensors."""
+        embedding output and each layer's output (before the final norm of pre-LN), n_layers + 1 tensors.
+        An encoder-decoder's decoder also reads `memory` (B, S, d_model), the encoder's output, through
+        its blocks' cross-attention, masked by `memory_mask` (SDPA's attn_mask: True at real tokens);
+        generating, `cache` (new_cache()) holds the keys and values of the tokens before input_ids."""
         T = input_ids.shape[1]
+        past = cache[0][0].length if cache is not None else 0
+        if past:
+            if position_ids is not None or attention_mask is not None:
+                raise ValueError("a cached decoder step takes neither position_ids nor an attention_mask")
+            position_ids = torch.arange(past, past + T, device=input_ids.device)[None]
         longest = T if position_ids is None else int(position_ids.max()) + 1
-        if longest > self.cfg.max_length and self.cfg.position != "alibi":  # ALiBi extrapolates; the rest have tables
+        if longest > self.cfg.max_length and self.cfg.position not in TABLELESS_POSITIONS:
             raise ValueError(f"sequence length {longest} > the {self.cfg.max_length} positions of the model "
                              f"for {self.cfg.position} positions; shorten the sequences or raise model.max_positions")
         x = self.project(self.embeddings(input_ids, segment_ids, language_ids, position_ids))
-        mask = self.attention_bias(attention_mask, T, position_ids)
+        mask = self.attention_bias(attention_mask, T, position_ids, past)
         rope = self.rope(T, position_ids)
         hidden_states = [x]
-        for i in range(self.cfg.n_layers):
-            x = self.blocks[i % len(self.blocks)](x, mask, rope)  # one block n_layers times when shared
+        for i in range(self.cfg.n_layers):  # one block n_layers times when shared
+            x = self.blocks[i % len(self.blocks)](x, mask, rope, memory=memory, memory_mask=memory_mask,
+                                                  cache=cache[i] if cache is not None else None)
             hidden_states.append(x)
         x = self.norm(x)
         return (x, hidden_states) if output_hidden_states else x
+
+    def new_cache(self) -> list[tuple[KeyValues, KeyValues]]:
+        """Empty keys and values for each layer's self- and cross-attention, for decoding token by token."""
+        return [(KeyValues(), KeyValues()) for _ in range(self.cfg.n_layers)]
 
     def rope(self, T: int, position_ids: torch.Tensor | None = None) -> tuple | None:
         """RoPE's (cos, sin) for positions 0..T-1, (T, head_size) each, or for position_ids (B, 1, T,
@@ -92,31 +112,36 @@ class Transformer(nn.Module):
         return self.rope_cos[position_ids][:, None], self.rope_sin[position_ids][:, None]
 
     def attention_bias(self, attention_mask: torch.Tensor | None, T: int,
-                       position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
-        """One SDPA attn_mask broadcastable to (B, H, T, T): bool (True = may attend) for causal and
-        padding, float with -inf where masked when ALiBi adds its bias (by the distance of
-        position_ids where given). None when SDPA's own is_causal (or no mask at all) is enough, which
-        lets it pick its fused kernels."""
-        alibi = self.cfg.position == "alibi"
-        if attention_mask is None and not alibi:
+                       position_ids: torch.Tensor | None = None, past: int = 0) -> torch.Tensor | None:
+        """One SDPA attn_mask broadcastable to (B, H, T, past + T) for T queries after `past` cached
+        tokens: bool (True = may attend) for causal and padding, float with -inf where masked when ALiBi
+        or T5's bias adds to the scores (by the distance of position_ids where given). None when SDPA's
+        own is_causal (or no mask at all) is enough, which lets it pick its fused kernels."""
+        biased = self.cfg.position in TABLELESS_POSITIONS
+        if attention_mask is None and not biased and (past == 0 or T == 1 or not self.causal):
             return None
         device = self.embeddings.token.weight.device
-        pos = torch.arange(T, device=device)
+        keys_at, queries_at = torch.arange(past + T, device=device), torch.arange(past, past + T, device=device)
         if self.causal:
-            allowed = (pos[:, None] >= pos[None, :])[None, None]
+            allowed = (queries_at[:, None] >= keys_at[None, :])[None, None]
         else:
-            allowed = torch.ones(1, 1, T, T, dtype=torch.bool, device=device)
+            allowed = torch.ones(1, 1, T, past + T, dtype=torch.bool, device=device)
         if attention_mask is not None:
             # padding keys are masked out; every query still sees itself, so padding queries never
             # have an all-masked row (NaN) and real tokens, which always see themselves, are unaffected
             keys = attention_mask.bool()[:, None, None, :]
             allowed = allowed & (keys | torch.eye(T, dtype=torch.bool, device=device))
-        if not alibi:
+        if not biased:
             return allowed
-        # symmetric |i - j| for bidirectional models; for causal ones the future is masked anyway
-        at = pos[None] if position_ids is None else position_ids  # (1 or B, T)
-        distance = (at[:, None, :] - at[:, :, None]).abs()[:, None]  # (1 or B, 1, T, T)
-        bias = -self.alibi_slopes[None, :, None, None] * distance
+        if position_ids is not None and not past:  # the positions given, for queries and keys alike
+            keys_at = queries_at = position_ids  # (1 or B, T)
+        else:
+            keys_at, queries_at = keys_at[None], queries_at[None]
+        if self.relative_bias is not None:
+            bias = self.relative_bias(queries_at, keys_at)
+        else:  # ALiBi: symmetric |i - j| for bidirectional models; for causal ones the future is masked anyway
+            distance = (keys_at[:, None, :] - queries_at[:, :, None]).abs()[:, None]  # (1 or B, 1, T, S)
+            bias = -self.alibi_slopes[None, :, None, None] * distance
         return bias.masked_fill(~allowed, float("-inf"))
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -125,9 +150,10 @@ class Transformer(nn.Module):
         return logits[..., : self.cfg.vocab_size] if self.cfg.padded_vocab != self.cfg.vocab_size else logits
 
     def layer_groups(self) -> list[list[nn.Parameter]]:
-        """Bottom to top: [embeddings + projection], one group per block, [final norm + LM head].
-        Each parameter appears once (the tied decoder weight sits with the embeddings)."""
-        groups = [[*self.embeddings.parameters(), *self.project.parameters()]]
+        """Bottom to top: [embeddings + projection (+ T5's position bias)], one group per block, [final norm
+        + LM head]. Each parameter appears once (the tied decoder weight sits with the embeddings)."""
+        groups = [[*self.embeddings.parameters(), *self.project.parameters(),
+                   *(self.relative_bias.parameters() if self.relative_bias is not None else ())]]
         groups += [list(block.parameters()) for block in self.blocks]
         groups.append([*self.norm.parameters(), *self.head.parameters(),
                        *(self.pooler.parameters() if self.pooler is not None else ())])
