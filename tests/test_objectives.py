@@ -450,7 +450,7 @@ def test_masking_objectives_ask_for_their_knowledge_units(tmp_path, knowledge, u
         with PackedWriter(tmp_path / split, TOY_VOCAB, TOY_SPECIAL["eos"], units=("phrase", "entity")) as writer:
             writer.add([list(range(10, 18))], [flags["word"]], {unit: [flags[unit]] for unit in ("phrase", "entity")})
     plan = BatchPlan(tmp_path, tmp_path / "none", seq_len=8, batch_size=1, eval_batches=1, seed=0,
-                     batch_key="pretrain.batch_size", share=lambda n, key: slice(None))
+                     batch_key="pretrain.batch_size", share=lambda n, key: slice(None), tokenizer=tmp_path / "none")
     for name in ("mlm", "electra", "clm"):
         batches = build(name, mlm=MLMConfig(knowledge=knowledge)).batches(plan)
         read = units if name != "clm" else ()

@@ -164,7 +164,8 @@ def test_tlm_batches_are_tagged_windows_with_pairs_beside_them(tmp_path):
             writer.add([[5, 6, 7, 8] * 5, [30, 31, 32] * 5], [[1] * 20, [1] * 15], languages=["en", "de"])
     objective = tlm(pair_batch=4)
     plan = BatchPlan(tokens=tmp_path / "tokens", parallel=tmp_path / "parallel", seq_len=8, batch_size=2,
-                     eval_batches=2, seed=0, batch_key="pretrain.batch_size", share=lambda n, key: slice(None))
+                     eval_batches=2, seed=0, batch_key="pretrain.batch_size", share=lambda n, key: slice(None),
+                     tokenizer=tmp_path / "none")
     batches = objective.batches(plan)
     for batch in [batches.train.batch(3), *batches.valid]:
         assert isinstance(batch, WindowsAndPairs) and batch.tokens.shape == (2, 9) and len(batch.pairs) == 4

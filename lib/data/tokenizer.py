@@ -7,6 +7,8 @@ Whatever the algorithm, a trained folder holds
 - `tokenizer_config.json` + `special_tokens_map.json`, so `PreTrainedTokenizerFast.from_pretrained(dir)`
   (and `AutoTokenizer`) load it with the special tokens named;
 - `tokenizer_meta.json`: algorithm, actual vocab size, lowercase, special tokens and ids, training text used;
+- with `sentinels` (T5's span corruption asks for them), that many sentinel tokens <extra_id_0>, ...
+  at ids 5, 6, ..., special like the five roles (T5 appends its 100 after the sentencepiece vocabulary);
 - `spm.model` (unigram only): the sentencepiece model the Unigram tokenizer was built from. It does not
   lowercase: with `lowercase: true` it expects lowercased text.
 """
@@ -37,6 +39,7 @@ WORDPIECE_ALPHABET = 1000  # BERT's choice: rarer characters become [UNK] instea
 SPM_MAX_SENTENCES = 2_000_000  # sentencepiece holds its sentences in memory; a random sample beyond this
 SPM_MAX_LINE_BYTES = 1 << 16  # sentencepiece silently skips longer lines (its default is 4192 bytes)
 SPACE = "\u2581"  # sentencepiece's visible space
+SENTINEL = "<extra_id_{}>"  # T5's sentinel tokens, as its tokenizers name them
 SPM_TOO_SMALL = re.compile(r"smaller than required_chars\. \d+ vs (\d+)")
 SPM_TOO_LARGE = re.compile(r"too high \(\d+\)\. Please set it to a value <= (\d+)")
 
@@ -81,21 +84,22 @@ class TrainingText:
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, out_dir: str | Path,
-                    uncapped: Iterable[str] = ()) -> Tokenizer:
+                    uncapped: Iterable[str] = (), sentinels: int = 0) -> Tokenizer:
     """Train a `cfg.algorithm` tokenizer on the first `cfg.train_chars` characters of `texts` and every
-    text of `uncapped` (XLM's parallel sentences: one vocabulary for every language); save it
-    (atomically) to `out_dir` and return it."""
+    text of `uncapped` (XLM's parallel sentences: one vocabulary for every language), with `sentinels`
+    sentinel tokens beside the special tokens; save it (atomically) to `out_dir` and return it."""
     text = TrainingText(texts, cfg.train_chars, uncapped)
+    extra = [SENTINEL.format(i) for i in range(sentinels)]
     with atomic_dir(out_dir) as tmp:
-        tokenizer = TRAINERS[cfg.algorithm](text, cfg, tmp)
+        tokenizer = TRAINERS[cfg.algorithm](text, cfg, tmp, extra)
         text.check()
         check_vocab_size(tokenizer, cfg)
-        add_specials(tokenizer, cfg.special_tokens)
+        add_specials(tokenizer, cfg.special_tokens, extra)
         save(tokenizer, cfg, text, tmp)
     return tokenizer
 
 
-def train_bpe(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> Tokenizer:
+def train_bpe(text: TrainingText, cfg: TokenizerConfig, out_dir: Path, extra: list[str]) -> Tokenizer:
     """Byte-level BPE (GPT-2/RoBERTa): every byte has a token, so nothing is ever unknown."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.Lowercase() if cfg.lowercase else None
@@ -103,29 +107,31 @@ def train_bpe(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> Tokeni
     # first word of every paragraph (after "\n" it has no space either), which fine-tuning sentences resemble.
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return train_with(tokenizer, trainers.BpeTrainer, text, cfg, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    return train_with(tokenizer, trainers.BpeTrainer, text, cfg, extra,
+                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
 
 
-def train_wordpiece(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> Tokenizer:
+def train_wordpiece(text: TrainingText, cfg: TokenizerConfig, out_dir: Path, extra: list[str]) -> Tokenizer:
     """BERT's WordPiece: "##" marks a word's continuation pieces."""
     tokenizer = Tokenizer(models.WordPiece(unk_token=cfg.special_tokens.unk))
     # strip_accents follows lowercase (NFD + accent removal only for uncased), as in BERT
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=cfg.lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    return train_with(tokenizer, trainers.WordPieceTrainer, text, cfg, limit_alphabet=WORDPIECE_ALPHABET)
+    return train_with(tokenizer, trainers.WordPieceTrainer, text, cfg, extra, limit_alphabet=WORDPIECE_ALPHABET)
 
 
 def train_with(tokenizer: Tokenizer, trainer_class: type, text: TrainingText, cfg: TokenizerConfig,
-               **options: Any) -> Tokenizer:
-    """Train `tokenizer` with a `tokenizers` trainer: the options every trainer takes, plus `options`."""
+               extra: list[str], **options: Any) -> Tokenizer:
+    """Train `tokenizer` with a `tokenizers` trainer: the options every trainer takes, plus `options`;
+    `extra`: special tokens after the five roles."""
     trainer = trainer_class(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency, show_progress=False,
-                            special_tokens=cfg.special_tokens.as_list(), **options)
+                            special_tokens=[*cfg.special_tokens.as_list(), *extra], **options)
     tokenizer.train_from_iterator(text, trainer)
     return tokenizer
 
 
-def train_unigram(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> Tokenizer:
+def train_unigram(text: TrainingText, cfg: TokenizerConfig, out_dir: Path, extra: list[str]) -> Tokenizer:
     """Train a sentencepiece Unigram model, save it as spm.model and return the equivalent Tokenizer."""
     import sentencepiece as spm  # here: reading a saved tokenizer (prediction, a served model) needs no sentencepiece
 
@@ -138,7 +144,7 @@ def train_unigram(text: TrainingText, cfg: TokenizerConfig, out_dir: Path) -> To
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines, model_writer=model, model_type="unigram", vocab_size=cfg.vocab_size,
             pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=specials.pad, unk_piece=specials.unk,
-            bos_piece=specials.bos, eos_piece=specials.eos, control_symbols=[specials.mask],
+            bos_piece=specials.bos, eos_piece=specials.eos, control_symbols=[specials.mask, *extra],
             # The clean stage has NFKC-normalised the text; keep runs of spaces so that the
             # Tokenizer built below (which cannot drop them) gives the same ids.
             normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -187,7 +193,7 @@ def unigram_from_spm(model_proto: bytes, lowercase: bool) -> Tokenizer:
 
 # Each returns the trained Tokenizer with its normalizer, pre-tokenizer and decoder, and may leave
 # files of its own in the output folder.
-TRAINERS: dict[str, Callable[[TrainingText, TokenizerConfig, Path], Tokenizer]] = {
+TRAINERS: dict[str, Callable[[TrainingText, TokenizerConfig, Path, list[str]], Tokenizer]] = {
     "bpe": train_bpe, "wordpiece": train_wordpiece, "unigram": train_unigram}
 
 
@@ -199,13 +205,14 @@ def check_vocab_size(tokenizer: Tokenizer, cfg: TokenizerConfig) -> None:
                         f"the special tokens and its characters need {actual}; raise it to at least {actual}")
 
 
-def add_specials(tokenizer: Tokenizer, specials: SpecialTokens) -> None:
-    """Special tokens (ids 0..4, matched in raw text) and the bos/eos template."""
-    tokens = specials.as_list()
+def add_specials(tokenizer: Tokenizer, specials: SpecialTokens, extra: list[str] = ()) -> None:
+    """Special tokens (ids 0..4, then `extra`'s, matched in raw text) and the bos/eos template."""
+    tokens = [*specials.as_list(), *extra]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    ids = [tokenizer.token_to_id(t) for t in tokens]
+    if ids != list(range(len(tokens))):  # each trainer puts them first; else a bug here
+        raise RuntimeError(f"special tokens {tokens} got ids {ids}, expected 0..{len(tokens) - 1}")
     ids = special_ids(tokenizer, specials)
-    if list(ids.values()) != list(range(len(tokens))):  # each trainer puts them first; else a bug here
-        raise RuntimeError(f"special tokens {tokens} got ids {list(ids.values())}, expected 0..{len(tokens) - 1}")
     bos, eos = specials.bos, specials.eos
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1",
@@ -224,15 +231,27 @@ def write_folder(tokenizer: Tokenizer, named: dict[str, str], out_dir: Path, met
     size + each role's token and id), for a tokenizer trained here or taken from a published model.
     `named`: role (ROLES) -> its special token."""
     tokenizer.save(str(out_dir / TOKENIZER_FILE))
-    hf_specials = {f"{role}_token": named[role] for role in ROLES}
+    hf_specials: dict[str, Any] = {f"{role}_token": named[role] for role in ROLES}
     hf_specials.update(cls_token=named["bos"], sep_token=named["eos"])  # BERT-style code asks for these
+    sentinels = sentinel_tokens(tokenizer)
+    if sentinels:
+        hf_specials["additional_special_tokens"] = sentinels
     write_json(out_dir / SPECIALS_FILE, hf_specials)
     # "PreTrainedTokenizerFast" rather than transformers 5's "TokenizersBackend": both 4.x and 5.x load it.
     write_json(out_dir / HF_CONFIG_FILE, {
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **hf_specials})
     write_json(out_dir / META_FILE, {
         **meta, "vocab_size": tokenizer.get_vocab_size(),
-        "special_tokens": {role: {"token": named[role], "id": tokenizer.token_to_id(named[role])} for role in ROLES}})
+        "special_tokens": {role: {"token": named[role], "id": tokenizer.token_to_id(named[role])} for role in ROLES},
+        **({"sentinels": [tokenizer.token_to_id(t) for t in sentinels]} if sentinels else {})})
+
+
+def sentinel_tokens(tokenizer: Tokenizer) -> list[str]:
+    """T5's sentinel tokens <extra_id_0>, <extra_id_1>, ... that `tokenizer` has, in order."""
+    tokens = []
+    while tokenizer.token_to_id(SENTINEL.format(len(tokens))) is not None:
+        tokens.append(SENTINEL.format(len(tokens)))
+    return tokens
 
 
 def copy_tokenizer(source: Path, folder: Path) -> None:

@@ -12,7 +12,7 @@ from lib.config.errors import UserError
 from lib.config.params import Params
 from lib.data.packed import PackedTokens
 from lib.data.windows import Batch, BatchStream, Windows, WindowBatches, fixed_windows
-from lib.models.architectures import Transformer
+from lib.models.architectures import Seq2SeqConfig, Transformer
 from lib.models.config import TransformerConfig
 from lib.models.hf import ImportedModel
 
@@ -30,6 +30,7 @@ class BatchPlan:
     batch_key: str  # the setting batch_size comes from ("<stage>.batch_size"), for share's error
     # this process's rows of every batch of n rows (its rank's share under torchrun), the setting of n named
     share: Callable[[int, str], slice]
+    tokenizer: Path  # the folder of the tokenizer that encoded the tokens: what an objective reads of its vocabulary
 
 
 @dataclass
@@ -61,7 +62,9 @@ class Objective(nn.Module):
 
     name: ClassVar[str]
     causal: ClassVar[bool]
+    encoder_decoder: ClassVar[bool] = False  # it trains an encoder-decoder (lib/objectives/seq2seq.py)
     sentence_task: ClassVar[bool] = False  # whether it learns mlm.sentence (SOP, NSP) beside its own loss
+    sentinels: ClassVar[int] = 0  # sentinel tokens it needs in the vocabulary (the tokenizer stage adds them)
     reads: ClassVar[type[Batch]] = Windows  # the batch forward reads, its fields named; batches() builds it
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
@@ -70,10 +73,16 @@ class Objective(nn.Module):
         self.vocab_size = vocab_size
         self.special_ids = dict(special_ids)
         # the backbone's shape: params.yaml's model section, or a published model's (init)
-        self.arch = arch or TransformerConfig.from_params(params.model, vocab_size, causal=self.causal)
-        if self.arch.causal != self.causal:
-            raise UserError(f"objective: {self.name} needs a {'causal' if self.causal else 'bidirectional'} model; "
-                            f"use {fitting_objective(self.name, self.arch)}")
+        self.arch = arch or self.model_config(params, vocab_size, self.special_ids)
+        if fitting_objective(self.name, self.arch) != self.name:
+            kind = ("an encoder-decoder" if self.encoder_decoder else
+                    f"a {'causal' if self.causal else 'bidirectional'} model")
+            raise UserError(f"objective: {self.name} needs {kind}; use {fitting_objective(self.name, self.arch)}")
+
+    @classmethod
+    def model_config(cls, params: Params, vocab_size: int, special_ids: dict[str, int]) -> TransformerConfig:
+        """The shape of the model it trains from scratch: params.yaml's model section."""
+        return TransformerConfig.from_params(params.model, vocab_size, causal=cls.causal)
 
     def batches(self, plan: BatchPlan) -> Batches:
         """Its training and validation batches, built from the packed token files: by default Windows
@@ -112,7 +121,11 @@ def register(cls: type[Objective]) -> type[Objective]:
 
 def fitting_objective(name: str, arch: TransformerConfig) -> str:
     """`name` if it trains a model shaped like `arch` (a published model's), else the one that does: clm for
-    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional model)."""
-    if OBJECTIVES[name].causal == arch.causal:
+    a causal model, mlm for a bidirectional one (electra too keeps a bidirectional model), for an
+    encoder-decoder t5 where it has T5's position bias, else bart."""
+    seq2seq = isinstance(arch, Seq2SeqConfig)
+    if OBJECTIVES[name].encoder_decoder == seq2seq and (seq2seq or OBJECTIVES[name].causal == arch.causal):
         return name
+    if seq2seq:
+        return "t5" if arch.position == "t5" else "bart"
     return "clm" if arch.causal else "mlm"

@@ -57,7 +57,7 @@ def train_language_model(stage: str, params: Params, cfg: TrainConfig, objective
     facts = runtime.configure(params.impl, device)
     run.log_params({"runtime": facts})
     batches = objective.batches(BatchPlan(
-        tokens=paths.tokens, parallel=paths.parallel, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+        tokenizer=paths.tokenizer, tokens=paths.tokens, parallel=paths.parallel, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
         eval_batches=cfg.eval_batches, seed=params.seed, batch_key=f"{stage}.batch_size", share=context.share))
     flops_per_token = objective.flops_per_token(cfg.seq_len)
     cfg = flops_budget(cfg, flops_per_token, stage)
