@@ -386,6 +386,47 @@ class TLMConfig:
 
 
 @dataclass
+class SpanCorruptionConfig:
+    """T5's span corruption (lib/objectives/noising.py): spans of the input replaced by sentinels."""
+
+    noise_density: float = 0.15  # share of each row's tokens that are noise (T5's 15%)
+    mean_span_length: float = 3.0  # mean length of a noise span in tokens (T5's 3)
+
+    def validate(self, key: str) -> None:
+        if not 0.0 < self.noise_density < 1.0:
+            raise ParamsError(f"{key}.noise_density: {self.noise_density} must be in (0, 1)")
+        if self.mean_span_length < 1.0:
+            raise ParamsError(f"{key}.mean_span_length: {self.mean_span_length} must be >= 1")
+
+
+@dataclass
+class DenoisingConfig:
+    """BART's noising (lib/objectives/noising.py); the defaults are the BART paper's text infilling with
+    sentence permutation."""
+
+    mask_ratio: float = 0.3  # share of each row's words picked for masking
+    mask_unit: Literal["token", "word", "span"] = "span"  # span: whole-word spans of Poisson(poisson_lambda) words
+    poisson_lambda: float = 3.0
+    replace_length: int = 1  # a picked span becomes: 1 one mask, 0 nothing (deleted), -1 one mask per token
+    random_ratio: float = 0.0  # share of the replacement masks that are a random token instead
+    insert_ratio: float = 0.0  # extra tokens inserted, as a share of the row's length
+    permute_sentences: float = 1.0  # share of each row's sentences shuffled among themselves
+    rotate: float = 0.0  # probability a row is rotated to start at a random token
+
+    def validate(self, key: str) -> None:
+        if not 0.0 <= self.mask_ratio < 1.0:
+            raise ParamsError(f"{key}.mask_ratio: {self.mask_ratio} must be in [0, 1)")
+        if self.poisson_lambda <= 0:
+            raise ParamsError(f"{key}.poisson_lambda: {self.poisson_lambda} must be > 0")
+        if self.replace_length not in (-1, 0, 1):
+            raise ParamsError(f"{key}.replace_length: {self.replace_length} must be -1 (a mask per token), "
+                              "0 (delete) or 1 (one mask per span)")
+        for name in ("random_ratio", "insert_ratio", "permute_sentences", "rotate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ParamsError(f"{key}.{name}: {getattr(self, name)} must be in [0, 1]")
+
+
+@dataclass
 class OptimizerConfig:
     """The optimizer and its step (lib/training/optim.py), the same keys in every stage that trains."""
 
@@ -743,6 +784,8 @@ class Params:
     electra: ElectraConfig = field(default_factory=ElectraConfig)
     plm: PLMConfig = field(default_factory=PLMConfig)
     tlm: TLMConfig = field(default_factory=TLMConfig)
+    t5: SpanCorruptionConfig = field(default_factory=SpanCorruptionConfig)
+    bart: DenoisingConfig = field(default_factory=DenoisingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
