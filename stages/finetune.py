@@ -23,6 +23,7 @@ from lib.core.progress import Progress, RunTimes, duration
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
+from lib.models.architectures import text_encoder
 from lib.models.folder import MODEL_FILE, load_model
 from lib.tasks import check_tasks, task_metrics, task_type
 from lib.tasks.model import load_task_model
@@ -56,7 +57,7 @@ def main() -> None:
                         + ", ".join(f"{k}={v}" for k, v in flatten(cfg.with_init).items()))
     tokenizer = load_tokenizer(args.model)
     special = saved_special_ids(args.model)
-    adapted = load_model(args.model)
+    adapted = text_encoder(load_model(args.model))  # an encoder-decoder's task heads read its encoder
     # a kept run is reused only by a stage with the same params, starting model and device
     run_id = fingerprint(stage.keyed_on, device=device.type,
                          model=file_sha256(args.model / MODEL_FILE))

@@ -27,6 +27,7 @@ from typing import Iterable
 
 import numpy as np
 
+from lib.config.params import check_choice
 from lib.core.errors import run_main
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
@@ -46,7 +47,8 @@ KNOWLEDGE = "knowledge.json"  # the mined phrases and entities inside --out
 def main() -> None:
     stage = open_stage("tokenizer", __doc__, inputs={"clean": "data/clean"},
                        outputs={"out": "data/tokens", "metrics": "metrics/tokenizer.json",
-                                "plots": "plots/tokenizer"})
+                                "plots": "plots/tokenizer"},
+                       checks=[lambda params: check_choice(params.objective, OBJECTIVES, "objective")])
     args, params = stage.args, stage.params
     cfg = params.tokenizer
 

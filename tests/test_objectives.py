@@ -12,7 +12,7 @@ from lib.config.errors import UserError
 from lib.config.params import CorpusConfig, Corpora, ElectraConfig, MLMConfig, ModelConfig, Params, load_params
 from lib.data.packed import PackedWriter
 from lib.data.windows import TaggedWindows
-from lib.models.architectures import Transformer
+from lib.models.architectures import EncoderDecoder, Transformer
 from lib.models.folder import load_model
 from lib.objectives import (OBJECTIVES, BatchPlan, Objective, build_objective, load_objective, objective_extras,
                             save_objective)
@@ -57,7 +57,7 @@ def test_registry_builds_every_objective():
     for name, cls in OBJECTIVES.items():
         objective = build(name, model=rope)
         assert type(objective) is cls and objective.name == name
-        assert isinstance(objective.backbone(), Transformer)
+        assert isinstance(objective.backbone(), EncoderDecoder if cls.encoder_decoder else Transformer)
         assert objective.backbone().cfg.causal is cls.causal
 
 
