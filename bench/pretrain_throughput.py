@@ -1,13 +1,15 @@
 """Pretraining throughput: our objectives against Hugging Face `transformers` at the same shapes.
 
-    python bench/pretrain_throughput.py [--shape all|bert-base|gpt2-small|tiny] [--batch N]
-        [--precision auto|bf16|fp32] [--no-compile] [--warmup N] [--steps N]
+    python bench/pretrain_throughput.py [--shape all|bert-base|gpt2-small|tiny|t5-small|bart-base|t5-tiny|bart-tiny]
+        [--batch N] [--precision auto|bf16|fp32] [--no-compile] [--warmup N] [--steps N]
 
 For each shape it times a full train step (forward, backward, AdamW step, zero_grad) of
-  1. ours: lib.objectives' MaskedLM (bert-base, tiny) or CausalLM (gpt2-small), eager;
+  1. ours: lib.objectives' MaskedLM (bert-base, tiny), CausalLM (gpt2-small), SpanCorruption (t5-*) or
+     Denoising (bart-*), eager;
   2. ours under torch.compile (the whole objective module, as the trainer compiles it);
-  3. HF BertForMaskedLM / GPT2LMHeadModel with the same config (vocab, layers, width, heads, FFN,
-     max positions, dropout 0.1, exact GELU, tied embeddings, attn_implementation="sdpa"), eager;
+  3. HF BertForMaskedLM / GPT2LMHeadModel / T5ForConditionalGeneration / BartForConditionalGeneration with
+     the same config (vocab, layers, width, heads, FFN, max positions, dropout 0.1, our activation, tied
+     embeddings, attn_implementation="sdpa" where the family has it), eager;
   4. the HF model under torch.compile.
 Every model trains on one fixed batch of random tokens (seed fixed) under bf16 autocast or in fp32
 (--precision auto, the default, resolves as the stages do: bf16 on CUDA, on CPU only where lib.core.runtime's
@@ -33,6 +35,12 @@ What is fair and what is not:
   with a dynamic size on its third step, so keep at least 3 warmup steps.
 - CLM: both compute logits at every position. HF's loss covers seq_len - 1 targets (it shifts the
   labels inside the window), ours seq_len (it reads windows of seq_len + 1 tokens).
+- T5 and BART: as with MLM, ours corrupts inside the timed step (span corruption, BART's noising: Python on
+  the CPU, as in training) and HF is given the batch corrupted once beforehand by the same functions
+  (lib/objectives/noising.py), so both run the same source and target lengths. tokens/s counts the
+  window's tokens (batch x seq_len) for both; the FLOPs behind MFU are the encoder's on the source and
+  the decoder's on the target (EncoderDecoder.flops_per_sequence). Ours reads the sentinels and sentence
+  ends a tokenizer would give from fixed tables (the last 100 ids; every 16th id ends a sentence).
 - No gradient clipping, no data loading, no .item() per step: the step itself, nothing around it.
 """
 from __future__ import annotations
@@ -42,7 +50,7 @@ import gc
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -52,14 +60,17 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from lib.config.params import Corpora, CorpusConfig, MLMConfig, ModelConfig, Params, TrainConfig  # noqa: E402
+from lib.config.params import (Corpora, CorpusConfig, DenoisingConfig, MLMConfig, ModelConfig, Params,  # noqa: E402
+                               SpanCorruptionConfig, TrainConfig)
 from lib.core import runtime  # noqa: E402
 from lib.core.errors import one_line, run_main  # noqa: E402
 from lib.data.windows import TaggedWindows  # noqa: E402
 from lib.models.architectures import build_model  # noqa: E402
+from lib.models.architectures.encoder_decoder import seq2seq_config  # noqa: E402
 from lib.models.config import TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
+from lib.objectives.noising import Noised, denoise, span_corruption  # noqa: E402
 from lib.training.budget_loop import PEAK_BF16_FLOPS  # noqa: E402
 from lib.training.optim import build_optimizer  # noqa: E402
 
@@ -70,7 +81,7 @@ LossFn = Callable[[nn.Module], torch.Tensor]  # (the module or its compiled wrap
 
 @dataclass(frozen=True)
 class Shape:
-    objective: str  # mlm (BERT-like, post-LN) | clm (GPT-2-like, pre-LN)
+    objective: str  # mlm (BERT-like, post-LN) | clm (GPT-2-like, pre-LN) | t5 | bart (encoder-decoders)
     vocab: int
     layers: int
     d_model: int
@@ -85,7 +96,13 @@ SHAPES = {
     "bert-base": Shape("mlm", 30522, 12, 768, 12, 3072, 512, 128, 256),
     "gpt2-small": Shape("clm", 50257, 12, 768, 12, 3072, 1024, 1024, 32),
     "tiny": Shape("mlm", 16384, 4, 256, 4, 1024, 512, 128, 16),
+    "t5-small": Shape("t5", 32128, 6, 512, 8, 2048, 512, 512, 64),
+    "bart-base": Shape("bart", 50265, 6, 768, 12, 3072, 1024, 512, 32),
+    "t5-tiny": Shape("t5", 16384, 4, 256, 4, 1024, 512, 128, 16),
+    "bart-tiny": Shape("bart", 16384, 4, 256, 4, 1024, 512, 128, 16),
 }
+SENTINELS = 100  # T5's: the last ids of the vocabulary
+ENCODER_DECODERS = ("t5", "bart")
 
 
 def model_config(shape: Shape) -> ModelConfig:
@@ -102,16 +119,64 @@ def random_batch(shape: Shape, device: torch.device, seed: int) -> Batch:
     return tokens, torch.ones_like(tokens, dtype=torch.bool)
 
 
+def sentinels(shape: Shape) -> torch.Tensor:
+    return torch.arange(shape.vocab - 1, shape.vocab - 1 - SENTINELS, -1)
+
+
+def sentence_ends(shape: Shape) -> torch.Tensor:
+    return torch.arange(shape.vocab) % 16 == 15
+
+
 def build_ours(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
-    corpus = CorpusConfig(source="unused")  # the objectives read only the model and mlm sections
+    corpus = CorpusConfig(source="unused")  # the objectives read only the model and their own sections
     params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model_config(shape))
     objective = build_objective(shape.objective, params, shape.vocab, SPECIAL)
+    if shape.objective == "t5":  # what batches() reads from the tokenizer
+        objective.sentinel_ids = sentinels(shape)
+    elif shape.objective == "bart":
+        objective.sentence_ends = sentence_ends(shape)
     windows = TaggedWindows(*batch)
     return objective, lambda forward: forward(windows)[0]
 
 
+def corrupted(shape: Shape, batch: Batch) -> Noised:
+    """The batch's windows as the encoder-decoder objective corrupts them (on the CPU), on the batch's device."""
+    tokens, word_starts = (t[:, :-1].cpu() for t in batch)
+    if shape.objective == "t5":
+        noised = span_corruption(tokens, sentinels(shape), SPECIAL["eos"], SPECIAL["pad"], SPECIAL["pad"],
+                                 SpanCorruptionConfig())
+    else:
+        noised = denoise(tokens, word_starts, sentence_ends(shape), SPECIAL, shape.vocab, SPECIAL["eos"],
+                         DenoisingConfig())
+    return Noised(*(getattr(noised, f.name).to(batch[0].device) for f in fields(noised)))
+
+
+def build_hf_seq2seq(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
+    noised = corrupted(shape, batch)
+    ids = dict(pad_token_id=SPECIAL["pad"], eos_token_id=SPECIAL["eos"], tie_word_embeddings=True)
+    if shape.objective == "t5":
+        config = transformers.T5Config(
+            vocab_size=shape.vocab, d_model=shape.d_model, d_kv=shape.d_model // shape.heads, d_ff=shape.d_ff,
+            num_layers=shape.layers, num_decoder_layers=shape.layers, num_heads=shape.heads, dropout_rate=0.1,
+            feed_forward_proj="relu", decoder_start_token_id=SPECIAL["pad"], **ids)
+        model = transformers.T5ForConditionalGeneration(config)
+    else:
+        config = transformers.BartConfig(
+            vocab_size=shape.vocab, d_model=shape.d_model, encoder_layers=shape.layers, decoder_layers=shape.layers,
+            encoder_attention_heads=shape.heads, decoder_attention_heads=shape.heads, encoder_ffn_dim=shape.d_ff,
+            decoder_ffn_dim=shape.d_ff, activation_function="gelu", dropout=0.1, attention_dropout=0.1,
+            max_position_embeddings=shape.max_positions, bos_token_id=SPECIAL["bos"],
+            decoder_start_token_id=SPECIAL["eos"], forced_eos_token_id=None, attn_implementation="sdpa", **ids)
+        model = transformers.BartForConditionalGeneration(config)
+    # labels -100 at the targets' padding; the model shifts them right into its decoder's inputs
+    return model, lambda forward: forward(input_ids=noised.inputs, attention_mask=noised.input_mask,
+                                          labels=noised.targets).loss
+
+
 def build_hf(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
     tokens, word_starts = batch
+    if shape.objective in ENCODER_DECODERS:
+        return build_hf_seq2seq(shape, batch)
     if shape.objective == "mlm":
         config = transformers.BertConfig(
             vocab_size=shape.vocab, hidden_size=shape.d_model, num_hidden_layers=shape.layers,
@@ -174,7 +239,13 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def flops_per_token(shape: Shape) -> float:
+def flops_per_token(shape: Shape, seed: int) -> float:
+    if shape.objective in ENCODER_DECODERS:
+        noised = corrupted(shape, random_batch(shape, torch.device("cpu"), seed))
+        cfg = seq2seq_config(model_config(shape), shape.objective, None, shape.vocab, SPECIAL)
+        with torch.device("meta"):  # the count only reads weight shapes: no memory, no init time
+            model = build_model(cfg)
+        return model.flops_per_sequence(noised.inputs.shape[1], noised.targets.shape[1]) / shape.seq_len
     cfg = TransformerConfig.from_params(model_config(shape), shape.vocab, causal=shape.objective == "clm")
     with torch.device("meta"):  # flops_per_token only counts weights: no memory, no init time
         return build_model(cfg).flops_per_token(shape.seq_len)
@@ -183,7 +254,8 @@ def flops_per_token(shape: Shape) -> float:
 def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch.device,
                 peak: float | None) -> list[str]:
     """Markdown table rows of the four (or, with --no-compile, two) runs at one shape."""
-    hf_name = "HF BertForMaskedLM" if shape.objective == "mlm" else "HF GPT2LMHeadModel"
+    hf_name = "HF " + {"mlm": "BertForMaskedLM", "clm": "GPT2LMHeadModel", "t5": "T5ForConditionalGeneration",
+                       "bart": "BartForConditionalGeneration"}[shape.objective]
     runs = [(f"ours {shape.objective.upper()}", build_ours, False), (hf_name, build_hf, False)]
     if args.compile:
         runs += [(label, build, True) for label, build, _ in runs]
@@ -198,7 +270,7 @@ def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch
             print(f"  failed: {results[label, compiled]['error']}", file=sys.stderr, flush=True)
         free_memory(device)
 
-    fpt = flops_per_token(shape)
+    fpt = flops_per_token(shape, args.seed)
     baselines = [results.get((hf_name, compiled), {}).get("tokens_per_s") for compiled in (False, True)]
     rows = []
     for label, _, compiled in sorted(runs, key=lambda run: (run[1] is build_hf, run[2])):
@@ -218,7 +290,7 @@ def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all",
-                        help="all = bert-base and gpt2-small on CUDA, tiny on CPU")
+                        help="all = bert-base, gpt2-small, t5-small and bart-base on CUDA; the tiny ones on CPU")
     parser.add_argument("--batch", type=int, help="sequences per step (default: the shape's)")
     parser.add_argument("--precision", choices=runtime.PRECISIONS, default="auto",
                         help="bf16 = bf16 autocast; auto = bf16 on CUDA, on CPU where it is faster (lib/core/runtime.py)")
@@ -235,7 +307,7 @@ def main() -> None:
     args.warmup = args.warmup if args.warmup is not None else (10 if cuda else 3)
     args.steps = args.steps or (30 if cuda else 5)
     if args.shape == "all":
-        names = ["bert-base", "gpt2-small"] if cuda else ["tiny"]
+        names = ["bert-base", "gpt2-small", "t5-small", "bart-base"] if cuda else ["tiny", "t5-tiny", "bart-tiny"]
     else:
         names = [args.shape]
     shapes = {name: replace(SHAPES[name], batch=args.batch or SHAPES[name].batch) for name in names}

@@ -20,11 +20,15 @@ from lib.training.variants import VARIANTS
 from tests.helpers import ROOT, TINY_CORPUS, TINY_LABELS, TINY_MAX_LEN, TINY_TEXTS, save_tiny_classifier, tiny_tokenizer
 
 LABELS, MAX_LEN, CORPUS, TEXTS = TINY_LABELS, TINY_MAX_LEN, TINY_CORPUS, TINY_TEXTS
-# name: (TransformerConfig fields, head features, ULMFiT block, pairs); ALiBi's 8 positions are fewer
-# than MAX_LEN: it extrapolates, and its graph must take the longer inputs too
+# name: (TransformerConfig fields, head features, ULMFiT block, pairs); ALiBi's and T5's 8 positions are
+# fewer than MAX_LEN: they extrapolate, and their graphs must take the longer inputs too
 MODELS = {"concat": ({}, "concat", True, False),
           "plain_pair": ({"position": "alibi", "max_positions": MAX_LEN // 2}, "token", False, True),
-          "causal": ({"causal": True, "position": "rope", "segment_vocab": 0}, "concat", True, False)}
+          "causal": ({"causal": True, "position": "rope", "segment_vocab": 0}, "concat", True, False),
+          # an encoder-decoder's encoder, as finetuning reads it: its relative bias is computed from a parameter
+          "t5_encoder": ({"position": "t5", "max_positions": MAX_LEN // 2, "rms_norm": True, "bias": False,
+                          "scale_attention": False, "activation": "relu", "embedding_norm": False, "lm_head": "linear",
+                          "segment_vocab": 0}, "token", False, False)}
 
 
 def onnx_file(folder: Path) -> Path:

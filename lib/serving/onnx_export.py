@@ -2,8 +2,8 @@
 
 `to_onnx` exports a TaskModel (any head, any backbone lib.models.architectures builds) to an ONNX graph from
 (input_ids, segment_ids, attention_mask) to logits, with dynamic batch and sequence axes; the
-sequence axis goes up to the model's max_length, the longest input it takes, or for ALiBi (no
-position table: it extrapolates) up to the classifier's encoding max_len where that is longer.
+sequence axis goes up to the model's max_length, the longest input it takes, or for ALiBi and T5's
+bias (no position table: they extrapolate) up to the classifier's encoding max_len where that is longer.
 `quantize_int8` is ONNX Runtime's dynamic quantization of it: int8 weights, activations quantized
 per call.
 `OnnxClassifier` is a TextClassifier whose forward is an ONNX Runtime session: the same reading of
@@ -43,6 +43,7 @@ from torch import nn
 from lib.config.errors import UserError
 from lib.core.errors import describe, os_error_line, run_main
 from lib.core.io import atomic_file, project_root
+from lib.models.config import TABLELESS_POSITIONS
 from lib.serving.predict import TextClassifier
 from lib.tasks.model import TaskModel, load_task_model
 
@@ -89,7 +90,7 @@ def folder_to_onnx(model_dir: Path) -> bytes:
 def to_onnx(model: TaskModel, max_len: int | None = None) -> bytes:
     """The serialized ONNX model of `model`: int64 input_ids and segment_ids and a bool attention_mask
     (B, T) -> float32 logits (B, n_classes); a backbone without segment embeddings ignores
-    segment_ids, which the graph still takes. T goes up to the model's max_length, or for ALiBi up to
+    segment_ids, which the graph still takes. T goes up to the model's max_length, or for ALiBi and T5 up to
     `max_len` (the longest input it will be given) where that is longer. The model is moved to CPU
     and put in eval mode (in place, as nn.Module.to does)."""
     onnxruntime()  # a missing runtime is said before a long export
@@ -100,13 +101,13 @@ def to_onnx(model: TaskModel, max_len: int | None = None) -> bytes:
                         "'onnxscript>=0.7' (or the project: pip install -e .)") from None
     logits = Logits(model).cpu().eval()
     cfg = model.backbone.cfg
-    longest = max(cfg.max_length, max_len or 0) if cfg.position == "alibi" else cfg.max_length
+    longest = max(cfg.max_length, max_len or 0) if cfg.position in TABLELESS_POSITIONS else cfg.max_length
     # two rows of (up to) 8 tokens: export specializes sizes 0 and 1, so the example avoids them
     input_ids = torch.zeros(2, min(8, longest), dtype=torch.long)
     example = (input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids, dtype=torch.bool))
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=longest)
     try:
-        with quiet_exporter(), sequences_up_to(model, longest):
+        with quiet_exporter(), sequences_up_to(model, longest), no_gradients(logits):
             program = torch.export.export(logits, example, dynamic_shapes=({0: batch, 1: sequence},) * 3,
                                           strict=True)
             exported = torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME],
@@ -120,9 +121,9 @@ def to_onnx(model: TaskModel, max_len: int | None = None) -> bytes:
 @contextlib.contextmanager
 def sequences_up_to(model: TaskModel, longest: int) -> Iterator[None]:
     """The backbone's max_positions raised to `longest` while in the block, a no-op for any model but
-    ALiBi. Transformer.forward compares the length with max_length before it asks whether positions
-    are ALiBi, and export turns that comparison into a bound on the sequence axis; ALiBi sizes no
-    table by max_positions, so raising it changes nothing else."""
+    ALiBi's and T5's. Transformer.forward compares the length with max_length before it asks whether
+    positions have a table, and export turns that comparison into a bound on the sequence axis; ALiBi
+    and T5's bias size no table by max_positions, so raising it changes nothing else."""
     backbone = model.backbone
     cfg = backbone.cfg
     backbone.cfg = dataclasses.replace(cfg, max_positions=longest + cfg.position_offset)
@@ -130,6 +131,19 @@ def sequences_up_to(model: TaskModel, longest: int) -> Iterator[None]:
         yield
     finally:
         backbone.cfg = cfg
+
+
+@contextlib.contextmanager
+def no_gradients(module: nn.Module) -> Iterator[None]:
+    """`module`'s parameters without requires_grad while in the block: an attention bias computed from a
+    parameter (T5's) that requires grad sends SDPA to a decomposition the exporter then cannot view."""
+    wanted = [p.requires_grad for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(module.parameters(), wanted):
+            p.requires_grad_(flag)
 
 
 @contextlib.contextmanager
