@@ -43,7 +43,10 @@ def perturb(model: torch.nn.Module, scale: float) -> None:
     mapping mistake shows."""
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, scale) if p.dim() == 2 else p.add_(torch.randn_like(p) * 0.1)
+            if p.dim() == 2:
+                p.normal_(0, scale)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
 
 
 def published(name: str, folder: Path) -> None:
@@ -135,7 +138,9 @@ def test_published_encoder_decoders_import_exactly(name, tmp_path):
     same_outputs(imported.model, theirs, hf["pad_token_id"])
     same_greedy(imported.model, theirs, hf["pad_token_id"])
     # lib.models.folder.load_model takes the folder as it is
-    assert torch.equal(load_model(tmp_path).lm_logits(torch.ones(1, 32)), imported.model.lm_logits(torch.ones(1, 32)))
+    ids, mask = source(hf["pad_token_id"])
+    assert torch.equal(load_model(tmp_path)(ids, ids, attention_mask=mask.bool()),
+                       imported.model(ids, ids, attention_mask=mask.bool()))
 
 
 def ours(shape: str, tied: bool) -> EncoderDecoder:
@@ -173,10 +178,10 @@ def test_our_encoder_decoders_load_in_transformers(shape, tied, tmp_path):
 
 def test_what_transformers_does_not_compute_is_written_in_our_layout(tmp_path):
     model = ours("t5", tied=True)
-    model.cfg = dataclasses.replace(model.cfg, rescale_output=False)  # a tied head T5 would scale the output for
+    model.cfg = dataclasses.replace(model.cfg, rescale_output=False)  # tied but unscaled: T5 scales a tied head's input
     family, why = export_family(model.cfg)
     assert family is None and "scaled exactly when the LM head is tied" in why
-    bart = ours("bart", tied=True).cfg  # a shape an encoder's family would take, were it not an encoder-decoder
+    bart = ours("bart", tied=True).cfg  # with an MLP head, RoBERTa's shape: but an encoder-decoder is BART's to judge
     assert export_family(dataclasses.replace(bart, lm_head="mlp")) == (
         None, "BART needs the LM head's decoder alone (lm_head: linear)")
     save_model(model, tmp_path, OURS["t5"])
