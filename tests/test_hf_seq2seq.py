@@ -213,3 +213,21 @@ def test_what_we_cannot_compute_is_refused_in_one_line(tmp_path):
     config = json.loads((tmp_path / "t5" / CONFIG_FILE).read_text())
     (tmp_path / "t5" / CONFIG_FILE).write_text(json.dumps({**config, "feed_forward_proj": "gated-silu"}))
     refused(tmp_path / "t5", "feed_forward_proj gated-silu")
+
+
+@pytest.mark.parametrize("name", ["t5-v1.0", "t5-v1.1"])
+def test_a_t5_saved_by_transformers_4_imports_as_transformers_5_reads_it(name, tmp_path):
+    """transformers 4 stored every name of the token table and the tied head too, and its config.json said
+    tie_word_embeddings (false for v1.1: no scaling, a head of its own) with no scale_decoder_outputs."""
+    published(name, tmp_path)
+    config = json.loads((tmp_path / CONFIG_FILE).read_text())
+    tied = config.pop("scale_decoder_outputs")
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**config, "tie_word_embeddings": tied}))
+    tensors = read_safetensors(tmp_path / SAFETENSORS_FILE)
+    table = tensors["shared.weight"]
+    names = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", *(["lm_head.weight"] if tied else [])]
+    write_safetensors(tmp_path / SAFETENSORS_FILE, {**tensors, **{name: table.clone() for name in names}})
+    imported = import_model(tmp_path)
+    assert imported.model.cfg.tie_embeddings == imported.model.cfg.rescale_output == tied and not imported.unused
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    same_outputs(imported.model, theirs, config["pad_token_id"])
