@@ -160,8 +160,8 @@ def test_bad_published_models_say_what_is_wrong_in_one_line(tmp_path):
         assert "\n" not in str(info.value)
         return str(info.value)
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    assert "model_type 't5' is not supported; supported: bert, roberta, electra, distilbert, roberta-prelayernorm, gpt2" in error(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    assert "model_type 'mamba' is not supported; supported: bert, roberta, electra, distilbert, roberta-prelayernorm, gpt2" in error(tmp_path)
     (tmp_path / "config.json").unlink()
     assert "not a Hugging Face model config" in error(tmp_path)
     build("bert", tmp_path)

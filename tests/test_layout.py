@@ -111,13 +111,19 @@ def test_no_model_family_is_named_outside_its_module():
     a string anywhere else in the code, its own package's other modules included, means knowledge of it
     sits outside its file. Only the exact string counts: docstrings, comments, hub ids ("hf:org/bert-x")
     and words that contain a name may name it. A name that is also an objective's (ELECTRA's) may name
-    the objective in lib/objectives/ and as what build_objective builds."""
+    the objective in lib/objectives/ and as what build_objective builds; one that is also a position kind
+    (T5's bias) or an encoder-decoder shape (T5's, BART's) may name those where the model's config and
+    architectures define and read them."""
     import sys
 
+    from lib.models.architectures.encoder_decoder import SHAPES
+    from lib.models.config import POSITIONS
     from lib.models.families import FAMILIES
     from lib.objectives import OBJECTIVES
 
     home = {name: Path(sys.modules[type(family).__module__].__file__).resolve() for name, family in FAMILIES.items()}
+    model_code = {LIB / "config" / "params.py", LIB / "models" / "config.py",
+                  *(LIB / "models" / "architectures").glob("*.py")}
 
     def allowed(path: Path, tree: ast.Module) -> set:
         built = {call.args[0] for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
@@ -125,7 +131,8 @@ def test_no_model_family_is_named_outside_its_module():
         objective_code = LIB / "objectives" in path.parents
         return {node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and (path.resolve() == home.get(node.value)
-                     or (node.value in OBJECTIVES and (objective_code or node in built)))}
+                     or (node.value in OBJECTIVES and (objective_code or node in built))
+                     or (node.value in (*POSITIONS, *SHAPES) and path in model_code))}
 
     assert names_outside(home, allowed) == []
 

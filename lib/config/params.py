@@ -289,12 +289,16 @@ class ModelConfig:
     # language id reads the first language's.
     languages: list[str] = field(default_factory=list)
 
+    def heads_fit(self) -> bool:
+        """Whether the heads split d_model evenly, as they must where d_model sets their width."""
+        return self.d_model % self.n_heads == 0
+
     def validate(self, key: str) -> None:
         at_least_one(self, key, "d_model", "n_layers", "n_heads", "d_ff", "max_positions")
         if len(set(self.languages)) != len(self.languages) or not all(
                 isinstance(code, str) and code.strip() for code in self.languages):
             raise ParamsError(f"{key}.languages: {self.languages} must be distinct language codes (e.g. [en, de])")
-        if self.d_model % self.n_heads:
+        if not self.heads_fit():
             raise ParamsError(f"{key}.n_heads: {self.n_heads} must divide {key}.d_model ({self.d_model})")
         if self.position == "rope" and (self.d_model // self.n_heads) % 2:
             raise ParamsError(f"{key}.position: rope needs an even head size, d_model/n_heads = "

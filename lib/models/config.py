@@ -67,6 +67,9 @@ class TransformerConfig(ModelConfig):
         except ParamsError as err:
             raise ValueError(str(err)) from None
 
+    def heads_fit(self) -> bool:
+        return self.head_dim is not None or super().heads_fit()  # T5's d_kv sets the width itself
+
     @classmethod
     def from_params(cls, model: ModelConfig, vocab_size: int, causal: bool) -> TransformerConfig:
         return cls(vocab_size=vocab_size, causal=causal, **dataclasses.asdict(model))

@@ -74,7 +74,7 @@ def write_model(model: Transformer, folder: Path, special_ids: dict[str, int] | 
 def load_model(model_dir: Path, device: str | torch.device = "cpu") -> Transformer:
     """Rebuild the model from config.json and load its weights strictly; returned in eval mode
     (call .train() to train it). Also a published Hugging Face model (BERT, RoBERTa, DistilBERT,
-    ELECTRA, GPT-2, RoBERTa-PreLayerNorm), through lib.models.hf, with transformers' hidden states."""
+    ELECTRA, GPT-2, RoBERTa-PreLayerNorm, ESM, T5, BART), through lib.models.hf, with transformers' hidden states."""
     model_dir = Path(model_dir)
     config = read_config_json(model_dir)
     if EXPORT_KEY in config:

@@ -7,7 +7,8 @@ into its cache (or taken from `data.models_mirror/<name>` when that folder exist
 come from `data.mirror`).
 
 Each family (lib/models/families/, one module each) maps its config onto the Transformer's fields and
-its tensor names onto ours; this module reads and writes published models from those descriptions alone.
+its tensor names onto ours (an encoder-decoder's, T5's or BART's, those of its two stacks: Family.stacks);
+this module reads and writes published models from those descriptions alone.
 The vocabulary rows the Transformer pads to a multiple of 64 are zeros. Tensors the published model lacks
 (an encoder saved without its LM head) are initialised fresh and named in `ImportedModel.fresh`.
 
@@ -33,7 +34,7 @@ from lib.config.params import HUB_PREFIX, Params
 from lib.core.errors import describe
 from lib.core.io import atomic_dir, project_root, read_safetensors
 from lib.data.tokenizer import write_folder
-from lib.models.architectures import Transformer, build_model
+from lib.models.architectures import Seq2SeqConfig, Transformer, build_model
 from lib.models.config import TransformerConfig
 from lib.models.families import FAMILIES
 from lib.models.families.base import Family
@@ -121,11 +122,12 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def import_model(folder: Path) -> ImportedModel:
-    """The published model in `folder` as a Transformer in eval mode, its hidden states those of
-    transformers' AutoModel on the same folder."""
+    """The published model in `folder` as a Transformer (an EncoderDecoder for an encoder-decoder family) in
+    eval mode, its hidden states those of transformers' AutoModel on the same folder."""
     cfg, family = read_config(folder)
     theirs = read_weights(folder)
-    cfg = dataclasses.replace(cfg, pooler=any(k.endswith("pooler.dense.weight") for k in theirs))
+    cfg = family.weights_config(dataclasses.replace(cfg, pooler=any(k.endswith("pooler.dense.weight") for k in theirs)),
+                                theirs)
     if cfg.embedding_size is not None and not family.projects_embeddings:
         projecting = " or ".join(f.title for f in FAMILIES.values() if f.projects_embeddings)
         raise UserError(f"{Path(folder) / CONFIG_FILE}: embedding_size {cfg.embedding_size} != hidden size "
@@ -140,7 +142,12 @@ def load_tensors(model: Transformer, family: Family, theirs: dict[str, torch.Ten
     base = family.base if any(k.startswith(family.base) for k in theirs) else ""
     head = next((h for h in family.heads if any(k.startswith(tuple(h.values())) for k in theirs)), {})
     ours = model.state_dict()
-    loaded, used = {}, set()
+    loaded, used = {}, fold_aliases(family, base, theirs, folder)
+    for name in family.zero_tensors(cfg):
+        if name in theirs:
+            if theirs[name].any():
+                raise UserError(f"{folder}: {name} is not all zeros; the models here compute it as zeros only")
+            used.add(name)
     for target, keys in tensor_keys(cfg, family, base, head, ours).items():
         if not all(k in theirs for k in keys):
             continue
@@ -150,17 +157,39 @@ def load_tensors(model: Transformer, family: Family, theirs: dict[str, torch.Ten
             tensor = tensor[len(tensor) - cfg.max_positions:]
         loaded[target] = fit_rows(tensor, ours[target], target, folder)
         used.update(keys)
-    tied = cfg.tie_embeddings and "head.decoder.weight" not in loaded
-    if tied:  # one tensor under two names: loading the stale one second would undo the embeddings
-        loaded["head.decoder.weight"] = loaded["embeddings.token.weight"]
-    fresh = [k for k in ours if k not in loaded and not (tied and k == "head.decoder.weight")]
-    if any(not k.startswith("head.") for k in fresh):
-        missing = [k for k in fresh if not k.startswith("head.")]
+    stacks = [stack.ours for stack in family.stacks(cfg)]
+    for stack in stacks:  # one tensor under two names: loading the stale one second would undo the embeddings
+        table = f"{stack}embeddings.token.weight"
+        if cfg.tie_embeddings and f"{stack}head.decoder.weight" not in loaded and table in loaded:
+            loaded[f"{stack}head.decoder.weight"] = loaded[table]
+    fresh = [k for k in ours if k not in loaded]
+    if any(not in_stack(k, stacks).startswith("head.") for k in fresh):
+        missing = [k for k in fresh if not in_stack(k, stacks).startswith("head.")]
         raise UserError(f"{folder}: the {family.name} weights lack {len(missing)} tensors this config needs "
                         f"(e.g. {missing[0]}); is the weights file from another model?")
     model.load_state_dict({**ours, **loaded})
     unused = {k: theirs[k] for k in sorted(theirs) if k not in used and not k.endswith(("position_ids", "inv_freq"))}
     return ImportedModel(model.eval(), family.name, fresh, unused)
+
+
+def fold_aliases(family: Family, base: str, theirs: dict[str, torch.Tensor], folder: Path) -> set[str]:
+    """Their tensors stored under several names (Family.aliases) read under the first name, once checked equal
+    (one tensor of ours holds them); returns the other names."""
+    folded = set()
+    for first, others in family.aliases.items():
+        names = [f"{base}{name}" for name in (first, *others) if f"{base}{name}" in theirs]
+        for name in names[1:]:
+            if not torch.equal(theirs[name], theirs[names[0]]):
+                raise UserError(f"{folder}: {name} differs from {names[0]}; the models here hold one tensor for both")
+        if names:
+            theirs[f"{base}{first}"] = theirs[names[0]]
+            folded.update(name for name in names if name != f"{base}{first}")
+    return folded
+
+
+def in_stack(name: str, stacks: list[str]) -> str:
+    """Our tensor `name` without its stack's prefix (Family.stacks: "" but in an encoder-decoder)."""
+    return name.removeprefix(next(stack for stack in stacks if name.startswith(stack)))
 
 
 def modern_name(key: str) -> str:
@@ -175,16 +204,18 @@ def modern_name(key: str) -> str:
 def tensor_keys(cfg: TransformerConfig, family: Family, base: str, head: dict[str, str],
                 ours: dict[str, torch.Tensor]) -> dict[str, list[str]]:
     """Each of our tensors -> its tensors in the published model (several: q, k and v, concatenated along dim 0)."""
-    names: dict[str, Any] = {k: f"{base}{v}" for k, v in family.top.items()}
+    names: dict[str, Any] = {}
 
-    def layer_name(i: int, name: str) -> str:
-        return f"{base}{family.layers}.{i}.{name}" if family.layers else f"{base}{name.format(i=i)}"
+    def layer_name(layers: str, i: int, name: str) -> str:
+        return f"{base}{layers}.{i}.{name}" if layers else f"{base}{name.format(i=i)}"
 
-    for i in range(cfg.n_layers):
-        for k, v in family.layer.items():
-            names[f"blocks.{i}.{k}"] = (tuple(layer_name(i, n) for n in v) if isinstance(v, tuple)
-                                        else layer_name(i, v))
-    names.update(head)
+    for stack in family.stacks(cfg):
+        names.update({f"{stack.ours}{k}": f"{base}{v}" for k, v in stack.top.items()})
+        for i in range(stack.depth):
+            for k, v in stack.layer.items():
+                names[f"{stack.ours}blocks.{i}.{k}"] = (tuple(layer_name(stack.layers, i, n) for n in v)
+                                                        if isinstance(v, tuple) else layer_name(stack.layers, i, v))
+        names.update({f"{stack.ours}{k}": v for k, v in head.items()})
     keys = {}
     for target in ours:
         module, _, leaf = target.rpartition(".")
@@ -209,7 +240,8 @@ def export_family(cfg: TransformerConfig) -> tuple[Family | None, str]:
     """(the transformers family that computes exactly what `cfg` does, "") or (None, why there is none)."""
     if cfg.share_layers:
         return None, "layers shared across depth (ALBERT)"
-    family = next((f for f in FAMILIES.values() if f.covers(cfg)), None)
+    family = next((f for f in FAMILIES.values()
+                   if f.encoder_decoder == isinstance(cfg, Seq2SeqConfig) and f.covers(cfg)), None)
     if family is None:
         return None, (f"{cfg.position} positions" if cfg.position != "learned"
                       else "this mix of LayerNorm placement, embedding LayerNorm and LM head")
@@ -232,11 +264,12 @@ def export_layout(model: Transformer, family: Family, special_ids: dict[str, int
     family.fold_for_export(ours, language)
     tensors = {}
     head = family.heads[0]
+    stacks = [stack.ours for stack in family.stacks(cfg)]
     for target, keys in tensor_keys(cfg, family, family.base, head, ours).items():
-        if target == "head.decoder.weight" and cfg.tie_embeddings:
+        if in_stack(target, stacks) == "head.decoder.weight" and cfg.tie_embeddings:
             continue  # transformers ties it to the embeddings itself
         tensor = ours[target]
-        if target in ("embeddings.token.weight", "head.decoder.weight", "head.decoder.bias"):
+        if in_stack(target, stacks) in ("embeddings.token.weight", "head.decoder.weight", "head.decoder.bias"):
             tensor = tensor[: cfg.vocab_size]  # the padding rows are ours alone
         if target == "embeddings.position.weight" and shift:
             tensor = torch.cat([tensor.new_zeros(shift, tensor.shape[1]), tensor])
@@ -248,6 +281,10 @@ def export_layout(model: Transformer, family: Family, special_ids: dict[str, int
         # embeddings; a decoder of ours without a bias (GPT-2's kind) has a zero one
         tensors[decoder_bias] = (tensors[head["head.decoder.bias"]].clone() if "head.decoder.bias" in head
                                  else torch.zeros(cfg.vocab_size))
+    if not cfg.tie_embeddings:  # transformers may tie these to the first only while the LM head is tied too (BART)
+        for first, others in family.aliases.items():
+            tensors.update({f"{family.base}{name}": tensors[f"{family.base}{first}"].clone() for name in others})
+    tensors.update(family.zero_tensors(cfg))
     if "embeddings.segment" in family.top and not cfg.segment_vocab:  # the family has token types: one zero row
         tensors[f"{family.base}embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.embedding_dim)
     ids = {f"{role}_token_id": special_ids[role] for role in ("pad", "bos", "eos") if role in special_ids}

@@ -46,12 +46,31 @@ def activation(name: str) -> str:
     return ACTIVATIONS[name]
 
 
+def head_is_table(theirs: dict[str, torch.Tensor], tables: list[str], head: str) -> bool:
+    """Whether a published model's LM head `head` is its token table (one of `tables`, the first found): it
+    stores no head of its own, or one of the same values."""
+    table = next((theirs[name] for name in tables if name in theirs), None)
+    return head not in theirs or (table is not None and torch.equal(theirs[head], table))
+
+
 @dataclass(frozen=True)
 class TaskClass:
     """A transformers task model of a family: its class, and where our plain head's layers sit in it."""
     cls: str
     dense: str | None  # the head's dense layer (None: it has none)
     out: str  # its output layer
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack of blocks of ours in a family's layout (Family.stacks): our tensor names' prefix, the blocks'
+    prefix in theirs, the names of a block and of the stack's other tensors (as Family's layers, layer, top),
+    its depth."""
+    ours: str
+    layers: str
+    layer: dict[str, Any]
+    top: dict[str, str]
+    depth: int
 
 
 class Family:
@@ -61,10 +80,14 @@ class Family:
     name: str  # transformers' model_type
     title: str  # how prose names it
     base: str  # the base model's prefix in task models (BertForMaskedLM's "bert."); absent in a bare model
-    layers: str  # the blocks' prefix, before the layer index ("": the names place the index, `{i}`)
-    layer: dict[str, Any]
-    top: dict[str, str]  # embeddings, projection, pooler and final norm, relative to the base prefix
+    layers: str = ""  # the blocks' prefix, before the layer index ("": the names place the index, `{i}`)
+    layer: dict[str, Any] = {}
+    top: dict[str, str] = {}  # embeddings, projection, pooler and final norm, relative to the base prefix
     heads: list[dict[str, str]]  # the LM head's spellings, outside the base prefix: the first found is read
+    encoder_decoder = False  # its models are encoder-decoders (Seq2SeqConfig), and no other family's are
+    # one tensor under several of its names (an encoder-decoder's token table), relative to the base prefix:
+    # the first -> the others; read as one, checked equal
+    aliases: dict[str, tuple[str, ...]] = {}
     conv1d = False  # Conv1D stores weights (in, out): transposed
     decoder_bias = True  # the LM decoder has a bias of its own (zeros where ours has none)
     positions_after_padding = False  # real tokens' positions are numbered from padding_idx + 1
@@ -79,6 +102,19 @@ class Family:
     def config(self, hf: dict) -> TransformerConfig:
         """The Transformer's config from the family's config.json (ValueError/KeyError where it does not map)."""
         raise NotImplementedError
+
+    def stacks(self, cfg: TransformerConfig) -> list[Stack]:
+        """Our stacks of blocks in its layout: the model itself (layers, layer, top), or an encoder-decoder's two."""
+        return [Stack("", self.layers, self.layer, self.top, cfg.n_layers)]
+
+    def weights_config(self, cfg: TransformerConfig, theirs: dict[str, torch.Tensor]) -> TransformerConfig:
+        """`cfg` as a published model's tensors complete it, where its config.json does not tell."""
+        return cfg
+
+    def zero_tensors(self, cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+        """Tensors of its layout, outside the base prefix, that add nothing when zero and that ours lack
+        (BART's final_logits_bias): exported as these zeros, imported only where they are all zeros."""
+        return {}
 
     def covers(self, cfg: TransformerConfig) -> bool:
         """Whether models shaped like `cfg` are this family's to export (at most one family covers a config;
