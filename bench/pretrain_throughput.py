@@ -70,10 +70,13 @@ from lib.models.architectures.encoder_decoder import seq2seq_config  # noqa: E40
 from lib.models.config import TransformerConfig  # noqa: E402
 from lib.objectives import build_objective  # noqa: E402
 from lib.objectives.masking import mask_tokens  # noqa: E402
+from lib.objectives.bart import Denoising  # noqa: E402
 from lib.objectives.noising import Noised, denoise, span_corruption  # noqa: E402
+from lib.objectives.t5 import SpanCorruption  # noqa: E402
 from lib.training.budget_loop import PEAK_BF16_FLOPS  # noqa: E402
 from lib.training.optim import build_optimizer  # noqa: E402
 
+T5, BART = SpanCorruption.name, Denoising.name  # the encoder-decoder objectives (the families share the names)
 SPECIAL = {"pad": 0, "unk": 1, "bos": 2, "eos": 3, "mask": 4}  # random tokens are drawn above these
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[nn.Module], torch.Tensor]  # (the module or its compiled wrapper) -> loss of the batch
@@ -96,13 +99,13 @@ SHAPES = {
     "bert-base": Shape("mlm", 30522, 12, 768, 12, 3072, 512, 128, 256),
     "gpt2-small": Shape("clm", 50257, 12, 768, 12, 3072, 1024, 1024, 32),
     "tiny": Shape("mlm", 16384, 4, 256, 4, 1024, 512, 128, 16),
-    "t5-small": Shape("t5", 32128, 6, 512, 8, 2048, 512, 512, 64),
-    "bart-base": Shape("bart", 50265, 6, 768, 12, 3072, 1024, 512, 32),
-    "t5-tiny": Shape("t5", 16384, 4, 256, 4, 1024, 512, 128, 16),
-    "bart-tiny": Shape("bart", 16384, 4, 256, 4, 1024, 512, 128, 16),
+    "t5-small": Shape(T5, 32128, 6, 512, 8, 2048, 512, 512, 64),
+    "bart-base": Shape(BART, 50265, 6, 768, 12, 3072, 1024, 512, 32),
+    "t5-tiny": Shape(T5, 16384, 4, 256, 4, 1024, 512, 128, 16),
+    "bart-tiny": Shape(BART, 16384, 4, 256, 4, 1024, 512, 128, 16),
 }
 SENTINELS = 100  # T5's: the last ids of the vocabulary
-ENCODER_DECODERS = ("t5", "bart")
+ENCODER_DECODERS = (T5, BART)
 
 
 def model_config(shape: Shape) -> ModelConfig:
@@ -131,9 +134,9 @@ def build_ours(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
     corpus = CorpusConfig(source="unused")  # the objectives read only the model and their own sections
     params = Params(corpora=Corpora(pretrain=corpus, domain=corpus), tasks={}, model=model_config(shape))
     objective = build_objective(shape.objective, params, shape.vocab, SPECIAL)
-    if shape.objective == "t5":  # what batches() reads from the tokenizer
+    if shape.objective == T5:  # what batches() reads from the tokenizer
         objective.sentinel_ids = sentinels(shape)
-    elif shape.objective == "bart":
+    elif shape.objective == BART:
         objective.sentence_ends = sentence_ends(shape)
     windows = TaggedWindows(*batch)
     return objective, lambda forward: forward(windows)[0]
@@ -142,7 +145,7 @@ def build_ours(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
 def corrupted(shape: Shape, batch: Batch) -> Noised:
     """The batch's windows as the encoder-decoder objective corrupts them (on the CPU), on the batch's device."""
     tokens, word_starts = (t[:, :-1].cpu() for t in batch)
-    if shape.objective == "t5":
+    if shape.objective == T5:
         noised = span_corruption(tokens, sentinels(shape), SPECIAL["eos"], SPECIAL["pad"], SPECIAL["pad"],
                                  SpanCorruptionConfig())
     else:
@@ -154,7 +157,7 @@ def corrupted(shape: Shape, batch: Batch) -> Noised:
 def build_hf_seq2seq(shape: Shape, batch: Batch) -> tuple[nn.Module, LossFn]:
     noised = corrupted(shape, batch)
     ids = dict(pad_token_id=SPECIAL["pad"], eos_token_id=SPECIAL["eos"], tie_word_embeddings=True)
-    if shape.objective == "t5":
+    if shape.objective == T5:
         config = transformers.T5Config(
             vocab_size=shape.vocab, d_model=shape.d_model, d_kv=shape.d_model // shape.heads, d_ff=shape.d_ff,
             num_layers=shape.layers, num_decoder_layers=shape.layers, num_heads=shape.heads, dropout_rate=0.1,
@@ -254,8 +257,8 @@ def flops_per_token(shape: Shape, seed: int) -> float:
 def bench_shape(name: str, shape: Shape, args: argparse.Namespace, device: torch.device,
                 peak: float | None) -> list[str]:
     """Markdown table rows of the four (or, with --no-compile, two) runs at one shape."""
-    hf_name = "HF " + {"mlm": "BertForMaskedLM", "clm": "GPT2LMHeadModel", "t5": "T5ForConditionalGeneration",
-                       "bart": "BartForConditionalGeneration"}[shape.objective]
+    hf_name = "HF " + {"mlm": "BertForMaskedLM", "clm": "GPT2LMHeadModel", T5: "T5ForConditionalGeneration",
+                       BART: "BartForConditionalGeneration"}[shape.objective]
     runs = [(f"ours {shape.objective.upper()}", build_ours, False), (hf_name, build_hf, False)]
     if args.compile:
         runs += [(label, build, True) for label, build, _ in runs]
