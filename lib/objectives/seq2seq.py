@@ -58,6 +58,7 @@ class Seq2SeqObjective(Objective):
                         sum(n.targets.shape[1] for n in noised) / len(noised))
         return batches
 
+    @torch.compiler.disable  # Python over CPU rows, a data loader's work: a compiled step runs it as it is
     def noised(self, batch: Windows) -> Noised:
         tokens, word_starts = batch.tokens[:, :-1], batch.word_starts[:, :-1]
         noised = self.noise(tokens.cpu(), word_starts.cpu())
