@@ -6,7 +6,7 @@ token files, and turns one into a loss; the trainer knows nothing else about it.
     objective = build_objective(name, params, vocab_size, special_ids[, arch])
     batches = objective.batches(plan)  # BatchPlan -> Batches: .train.batch(step, micro), .valid, .splits
     loss, metrics = objective(batch)   # a batch of its type objective.reads (named fields)
-    model = objective.backbone()       # the Transformer later stages fine-tune
+    model = objective.backbone()       # the model later stages start from (an encoder-decoder: its encoder is finetuned)
 
 A batch is a dataclass of named tensors (lib/data/windows.py): Windows (tokens and word_starts,
 (B, T+1) windows of packed documents), TaggedWindows (their language_ids too), tlm's WindowsAndPairs.
