@@ -3,8 +3,6 @@
 With `init` set, the published model's own tokenizer (its vocabulary, lowercasing and special tokens) is
 taken instead of training one (lib/models/hf.py), and the corpora are encoded with it.
 
-An objective that asks for sentinel tokens (t5) gets them in the vocabulary, after the special tokens.
-
 Before encoding, phrases and named entities are mined from the pretraining train text the tokenizer
 learns from (lib/data/knowledge.py) for ERNIE's knowledge masking (mlm.knowledge).
 
@@ -27,7 +25,6 @@ from typing import Iterable
 
 import numpy as np
 
-from lib.config.params import check_choice
 from lib.core.errors import run_main
 from lib.core.io import atomic_dir, write_csv, write_json
 from lib.core.progress import Progress
@@ -38,7 +35,6 @@ from lib.data.packed import PackedTokens, encode_to_packed
 from lib.data.parallel import PARALLEL, documents, pair_documents, pair_tokens
 from lib.data.tokenizer import TrainingText, read_meta, saved_special_ids, tokenizer_sha256, train_tokenizer
 from lib.models.hf import init_folder, save_tokenizer
-from lib.objectives import OBJECTIVES
 
 TOKENIZER = "tokenizer"  # the tokenizer's folder inside --out
 KNOWLEDGE = "knowledge.json"  # the mined phrases and entities inside --out
@@ -47,8 +43,7 @@ KNOWLEDGE = "knowledge.json"  # the mined phrases and entities inside --out
 def main() -> None:
     stage = open_stage("tokenizer", __doc__, inputs={"clean": "data/clean"},
                        outputs={"out": "data/tokens", "metrics": "metrics/tokenizer.json",
-                                "plots": "plots/tokenizer"},
-                       checks=[lambda params: check_choice(params.objective, OBJECTIVES, "objective")])
+                                "plots": "plots/tokenizer"})
     args, params = stage.args, stage.params
     cfg = params.tokenizer
 
@@ -59,8 +54,7 @@ def main() -> None:
                 tokenizer = save_tokenizer(init_folder(params), params.init, out / TOKENIZER)
             else:
                 sides = (text for _, text in pair_documents(args.clean, corpora, TRAIN))
-                tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER, sides,
-                                            sentinels=OBJECTIVES[params.objective].sentinels)
+                tokenizer = train_tokenizer(read_clean(args.clean, "pretrain", TRAIN), cfg, out / TOKENIZER, sides)
             vocab_size, signature = tokenizer.get_vocab_size(), tokenizer_sha256(out / TOKENIZER)
             eos_id = saved_special_ids(out / TOKENIZER)["eos"]
             metrics: dict = {"vocab_size": vocab_size, "algorithm": read_meta(out / TOKENIZER)["algorithm"],

@@ -75,7 +75,7 @@ def test_bad_choice_suggests(chdir_root, tmp_path, default_params):
 def test_vocab_too_small_for_specials(chdir_root, tmp_path, default_params):
     default_params["tokenizer"]["vocab_size"] = 100
     message = error_of(tmp_path, default_params)
-    assert "tokenizer.vocab_size: 100 is too small for bpe (needs >= 261" in message
+    assert "tokenizer.vocab_size: 100 is too small for bpe (needs >= 361: 105 special and sentinel tokens" in message
 
 
 def test_seq_len_above_max_positions(chdir_root, tmp_path, default_params):

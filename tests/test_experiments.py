@@ -195,3 +195,31 @@ def test_a_name_dvc_cannot_save_is_refused_before_any_work(reproduced, tmp_path)
     run(repo, "dvc", "exp", "run", "data", "-n", at_limit)
     saved = run(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps/").split()
     assert [ref.rsplit("/", 1)[1] for ref in saved if ref.count("/") == 4] == [at_limit]
+
+
+def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reproduced, tmp_path):
+    """`dvc exp run -S objective=t5`: the same tokenizer (its sentinels are in every vocabulary), an
+    encoder-decoder pretrained and adapted by span corruption and written as a T5 that transformers loads
+    with our logits, its encoder finetuned, distilled and scored to the report."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from lib.models.folder import load_model
+
+    repo = copy_reproduced(reproduced, tmp_path)
+    out = run(repo, "dvc", "exp", "run", "-S", "objective=t5", "-S", "finetune.variants=[plain]",
+              "-S", "finetune.tasks=[sst2]", "-S", "distill.tasks=[sst2]", "-n", "t5")
+    assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
+    for stage in ("pretrain", "adapt"):
+        metrics = json.loads((repo / f"metrics/{stage}.json").read_text())
+        assert metrics["objective"] == "t5" and metrics["val_loss"] > 0
+        config = json.loads((repo / f"models/{stage}/config.json").read_text())
+        assert config["architectures"] == ["T5ForConditionalGeneration"]
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(repo / "models/adapt").eval()
+    ours = load_model(repo / "models/adapt")
+    source, target = torch.randint(110, 300, (2, 12)), torch.randint(110, 300, (2, 5))
+    with torch.no_grad():
+        expected = theirs(input_ids=source, decoder_input_ids=target).logits
+        assert torch.allclose(ours.lm_logits(ours(source, target)), expected, atol=1e-4)
+    finetune = json.loads((repo / "metrics/finetune.json").read_text())
+    assert set(finetune["sst2"]["variants"]) == {"plain"}
+    assert "sst2" in json.loads((repo / "metrics/evaluate.json").read_text())

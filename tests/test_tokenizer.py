@@ -12,7 +12,8 @@ from tokenizers import Tokenizer
 from lib.config.errors import UserError
 from lib.config.params import TokenizerConfig
 from lib.data.packed import model_unk_id
-from lib.data.tokenizer import SPM_FILE, TrainingText, load_tokenizer, read_meta, special_ids, train_tokenizer
+from lib.data.tokenizer import (SPM_FILE, TrainingText, load_tokenizer, read_meta, sentinel_tokens, special_ids,
+                                train_tokenizer)
 
 ALGORITHMS = ["bpe", "wordpiece", "unigram"]
 WORDS = ("the a an of to in on for with from about history science music river city king queen war peace "
@@ -50,6 +51,20 @@ def trained(request, tmp_path_factory) -> tuple[str, Path]:
     out = tmp_path_factory.mktemp(request.param) / "tokenizer"
     train_tokenizer(iter(CORPUS), config(request.param), out)
     return request.param, out
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_sentinels_follow_the_special_tokens_inside_the_vocabulary(algorithm, tmp_path):
+    """T5's sentinels: ids 5.. in every algorithm, matched whole in text, named for transformers and in the
+    meta, and counted inside vocab_size."""
+    train_tokenizer(iter(CORPUS), config(algorithm, sentinels=3), tmp_path / "t")
+    tokenizer = load_tokenizer(tmp_path / "t")
+    assert [tokenizer.token_to_id(f"<extra_id_{i}>") for i in range(4)] == [5, 6, 7, None]
+    assert sentinel_tokens(tokenizer) == ["<extra_id_0>", "<extra_id_1>", "<extra_id_2>"]
+    assert tokenizer.encode("the <extra_id_1> king", add_special_tokens=False).ids.count(6) == 1
+    assert read_meta(tmp_path / "t")["sentinels"] == [5, 6, 7] and tokenizer.get_vocab_size() <= 400
+    named = json.loads((tmp_path / "t" / "special_tokens_map.json").read_text())
+    assert named["additional_special_tokens"] == ["<extra_id_0>", "<extra_id_1>", "<extra_id_2>"]
 
 
 def test_round_trip(trained):

@@ -251,13 +251,18 @@ class TokenizerConfig:
     min_frequency: int = 2  # bpe/wordpiece: merges seen fewer times are not learned
     train_chars: int | None = 20_000_000  # train on the first N chars of the cleaned corpus; null = all
     special_tokens: SpecialTokens = field(default_factory=SpecialTokens)
+    # T5's sentinel tokens <extra_id_0>, ... after the special tokens (objective t5 reads them); in every
+    # vocabulary, so that objectives compare on one
+    sentinels: int = 0
     batch_docs: int = 256  # documents per encode_batch call
 
     def validate(self, key: str) -> None:
-        n_special = len(self.special_tokens.as_list())
+        if self.sentinels < 0:
+            raise ParamsError(f"{key}.sentinels: {self.sentinels} must be >= 0")
+        n_special = len(self.special_tokens.as_list()) + self.sentinels
         minimum = n_special + (256 if self.algorithm == "bpe" else 1)
         if self.vocab_size < minimum:
-            why = f"{n_special} special tokens" + (" + 256 byte tokens" if self.algorithm == "bpe" else " + 1")
+            why = f"{n_special} special and sentinel tokens" + (" + 256 byte tokens" if self.algorithm == "bpe" else " + 1")
             raise ParamsError(f"{key}.vocab_size: {self.vocab_size} is too small for {self.algorithm} "
                               f"(needs >= {minimum}: {why}); raise it")
         if self.vocab_size > 2**32 - 1:

@@ -7,8 +7,9 @@ Whatever the algorithm, a trained folder holds
 - `tokenizer_config.json` + `special_tokens_map.json`, so `PreTrainedTokenizerFast.from_pretrained(dir)`
   (and `AutoTokenizer`) load it with the special tokens named;
 - `tokenizer_meta.json`: algorithm, actual vocab size, lowercase, special tokens and ids, training text used;
-- with `sentinels` (T5's span corruption asks for them), that many sentinel tokens <extra_id_0>, ...
-  at ids 5, 6, ..., special like the five roles (T5 appends its 100 after the sentencepiece vocabulary);
+- with `tokenizer.sentinels` (T5's span corruption reads them), that many sentinel tokens <extra_id_0>,
+  ... at ids 5, 6, ..., special like the five roles, inside vocab_size (T5 appends its 100 after the
+  sentencepiece vocabulary; here they are in every vocabulary, so every objective reads the same one);
 - `spm.model` (unigram only): the sentencepiece model the Unigram tokenizer was built from. It does not
   lowercase: with `lowercase: true` it expects lowercased text.
 """
@@ -84,12 +85,12 @@ class TrainingText:
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, out_dir: str | Path,
-                    uncapped: Iterable[str] = (), sentinels: int = 0) -> Tokenizer:
+                    uncapped: Iterable[str] = ()) -> Tokenizer:
     """Train a `cfg.algorithm` tokenizer on the first `cfg.train_chars` characters of `texts` and every
-    text of `uncapped` (XLM's parallel sentences: one vocabulary for every language), with `sentinels`
-    sentinel tokens beside the special tokens; save it (atomically) to `out_dir` and return it."""
+    text of `uncapped` (XLM's parallel sentences: one vocabulary for every language), with `cfg.sentinels`
+    sentinel tokens after the special tokens; save it (atomically) to `out_dir` and return it."""
     text = TrainingText(texts, cfg.train_chars, uncapped)
-    extra = [SENTINEL.format(i) for i in range(sentinels)]
+    extra = [SENTINEL.format(i) for i in range(cfg.sentinels)]
     with atomic_dir(out_dir) as tmp:
         tokenizer = TRAINERS[cfg.algorithm](text, cfg, tmp, extra)
         text.check()

@@ -64,7 +64,6 @@ class Objective(nn.Module):
     causal: ClassVar[bool]
     encoder_decoder: ClassVar[bool] = False  # it trains an encoder-decoder (lib/objectives/seq2seq.py)
     sentence_task: ClassVar[bool] = False  # whether it learns mlm.sentence (SOP, NSP) beside its own loss
-    sentinels: ClassVar[int] = 0  # sentinel tokens it needs in the vocabulary (the tokenizer stage adds them)
     reads: ClassVar[type[Batch]] = Windows  # the batch forward reads, its fields named; batches() builds it
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],

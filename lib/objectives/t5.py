@@ -3,7 +3,7 @@ dropped in spans of mean length 3, each span replaced by a sentinel token, and w
 each after its sentinel (lib/objectives/noising.py: span_corruption, with seqio's roll). Every window of
 seq_len tokens becomes a source and a target of fixed lengths (one longer where a span wraps around the
 window's end), so packed windows waste almost no padding. The sentinels are tokens of the vocabulary
-(<extra_id_0>, ...): the tokenizer stage adds them for this objective, and a published T5 has them.
+(<extra_id_0>, ...): the tokenizer stage reserves `tokenizer.sentinels` of them, and a published T5 has 100.
 """
 from __future__ import annotations
 
@@ -18,14 +18,10 @@ from lib.objectives.base import BatchPlan, Batches, register
 from lib.objectives.noising import Noised, span_corruption, span_counts
 from lib.objectives.seq2seq import Seq2SeqObjective
 
-SENTINELS = 100  # T5's vocabularies have 100
-
-
 @register
 class SpanCorruption(Seq2SeqObjective):
     name = "t5"
     shape = "t5"
-    sentinels = SENTINELS
 
     def __init__(self, params: Params, vocab_size: int, special_ids: dict[str, int],
                  arch: TransformerConfig | None = None):
@@ -41,7 +37,7 @@ class SpanCorruption(Seq2SeqObjective):
         if len(self.sentinel_ids) < needed:
             raise UserError(f"objective: t5 cuts windows of {plan.seq_len} tokens into up to {needed} spans, and the "
                             f"tokenizer in {plan.tokenizer} has {len(self.sentinel_ids)} sentinel tokens (<extra_id_0>, "
-                            "...); rerun the tokenizer stage with objective t5 (it adds them), or shorten seq_len")
+                            "...); raise tokenizer.sentinels (and rerun the tokenizer stage) or shorten seq_len")
         return super().batches(plan)
 
     def noise(self, tokens: Tensor, word_starts: Tensor) -> Noised:
