@@ -79,7 +79,7 @@ def tiny_params(repo: Path) -> None:
     params = yaml.safe_load(path.read_text())
     params["clean"].update(min_chars=20, workers=2, batch_docs=8)
     params["corpora"]["domain"]["valid_fraction"] = 0.1
-    params["tokenizer"].update(vocab_size=400, train_chars=None, batch_docs=16)
+    params["tokenizer"].update(vocab_size=500, train_chars=None, batch_docs=16)
     params["model"].update(d_model=32, n_layers=2, n_heads=2, d_ff=64, max_positions=64)
     params["pretrain"].update(seq_len=32, batch_size=8, warmup_steps=5, budget_tokens=32 * 8 * 30,
                               budget_minutes=None, eval_every=10, eval_batches=2, log_every=5, checkpoint_every=10)
@@ -170,7 +170,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     assert (repo / "data/clean/domain/valid.jsonl.gz").exists()
 
     tok = json.loads((repo / "metrics/tokenizer.json").read_text())
-    assert tok["vocab_size"] <= 400 and tok["pretrain_train"]["tokens"] > 1000
+    assert tok["vocab_size"] <= 500 and tok["pretrain_train"]["tokens"] > 1000
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(repo / "data/tokens/tokenizer/tokenizer.json"))
     assert tokenizer.token_to_id("[MASK]") == 4
@@ -241,7 +241,7 @@ def test_repro_cleans_tokenizes_tracks_and_caches(repo, monkeypatch):
     assert len(students) == 2 and {r.data.tags["mlflow.parentRunId"] for r in students} == {distill_run.info.run_id}
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in stages)
     assert stages[1].data.tags["summary.pretrain.docs_out"] == str(clean["pretrain"]["docs_out"])
-    assert stages[2].data.params["tokenizer.vocab_size"] == "400"
+    assert stages[2].data.params["tokenizer.vocab_size"] == "500"
     client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
     monkeypatch.chdir(repo)  # artifact paths start from the store's folder, where `mlflow ui` runs
     assert "reports" in {a.path for a in client.list_artifacts(parents[0].info.run_id)}
