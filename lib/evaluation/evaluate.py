@@ -34,7 +34,7 @@ from lib.models.architectures import Transformer
 from lib.serving.onnx_export import OnnxClassifier, folder_to_onnx, quantize_int8
 from lib.tasks import TYPES, task_metrics, task_type
 from lib.tasks.base import TaskData, TaskType
-from lib.tasks.capabilities import Baselined, Calibrated, Reported, Served
+from lib.tasks.capabilities import Baselined, Calibrated, Reported, Served, kept_extras
 from lib.tasks.model import load_task_model
 from lib.tasks.scoring import predict_all, score_split
 
@@ -203,7 +203,7 @@ def keep_extras(entry: SplitEvaluation, result: TaskEvaluation, kind: TaskType, 
     """The extras of `model`'s scores that its type keeps (lib.tasks.capabilities.Reported.kept_extras), as
     the JSON holds them: those of every split on the split's entry, the others on the task, from the
     first split (`first`)."""
-    for extra in kind.kept_extras if isinstance(kind, Reported) else ():
+    for extra in kept_extras(kind):
         if extra.name in extras and (extra.per_split or first):
             kept = entry.extras if extra.per_split else result.extras
             kept.setdefault(extra.name, {})[model] = extra.as_json(extras[extra.name])

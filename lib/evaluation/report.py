@@ -26,7 +26,8 @@ from lib.core import tracking  # noqa: E402
 from lib.core.io import write_csv  # noqa: E402
 from lib.evaluation.result import SplitEvaluation, TaskEvaluation  # noqa: E402
 from lib.tasks import TYPES  # noqa: E402
-from lib.tasks.capabilities import BARS, CONFUSION, MATRIX, SCATTER, Baselined, Plot, Reported  # noqa: E402
+from lib.tasks.capabilities import (BARS, CONFUSION, MATRIX, SCATTER, Baselined, Plot, Reported,  # noqa: E402
+                                     kept_extras)
 
 # Above this many classes a confusion matrix is shown by colour alone: a count per cell is unreadable
 # there, and drawing one text per cell took minutes (300 classes: 250 s)
@@ -81,7 +82,7 @@ def plotted(r: TaskEvaluation) -> list[tuple[Plot, dict[str, Any]]]:
     """(plot, model -> value) of each extra of the task that its type plots (lib.tasks.capabilities.Extra),
     where a model has one."""
     kind = TYPES[r.type]
-    kept = kind.kept_extras if isinstance(kind, Reported) else ()
+    kept = kept_extras(kind)
     return [(extra.plot, r.extras[extra.name]) for extra in kept if extra.plot and r.extras.get(extra.name)]
 
 

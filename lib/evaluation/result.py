@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lib.tasks import TYPES
-from lib.tasks.capabilities import Reported
+from lib.tasks.capabilities import kept_extras
 
 Scores = dict[str, dict[str, float]]  # model -> metric -> value (a finetune variant's also <metric>_std)
 PerModel = dict[str, dict[str, Any]]  # an extra's name -> model -> its value
@@ -82,7 +82,7 @@ class TaskEvaluation:
     def to_json(self) -> dict[str, Any]:
         """The task's entry of metrics/evaluate.json: what the figures alone draw is left out."""
         kind = TYPES[self.type]
-        saved = {extra.name for extra in kind.kept_extras if extra.saved} if isinstance(kind, Reported) else set()
+        saved = {extra.name for extra in kept_extras(kind) if extra.saved}
         optional = {"transfer_from": self.transfer_from, "teacher": self.teacher, "data": self.data,
                     **{name: value for name, value in self.extras.items() if name in saved},
                     "note": self.note, "timed": self.timed}

@@ -25,6 +25,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from lib.config.params import HUB_PREFIX, CorpusConfig, Params
 from lib.core import tracking
 from lib.data.sources import parse_hub
+from lib.models.architectures import Seq2SeqConfig
 from lib.models.config import TransformerConfig
 from lib.models.folder import read_config, read_config_json
 
@@ -33,7 +34,8 @@ PIPELINE = "transfer-pipeline"  # the project: every card's tag
 LICENSE = "apache-2.0"  # the project's
 # the hub's task (pipeline_tag) of a language model's transformers class, by how the class name ends (a task
 # model's is its type's, lib.tasks.model.card_facts)
-LM_CLASSES = {"ForMaskedLM": "fill-mask", "ForCausalLM": "text-generation", "LMHeadModel": "text-generation"}
+LM_CLASSES = {"ForMaskedLM": "fill-mask", "ForCausalLM": "text-generation", "LMHeadModel": "text-generation",
+              "ForConditionalGeneration": "text2text-generation"}  # the last: T5, BART
 STAGE_TAGS = {"pretrain": "pretraining", "adapt": "domain-adaptation", "finetune": "finetuned",
               "distill": "distillation"}
 TRAINING_HEADER = ["stage", "what it did", "data"]
@@ -95,8 +97,9 @@ def transformers_class(folder: Path) -> str | None:
 
 def _hub_task(cls: str | None, m: dict[str, Any]) -> str | None:
     """The hub's pipeline_tag of the model whose transformers class is `cls`: a task model's (`m` names its
-    task) where `cls` is its type's transformers task model (lib.tasks.model.card_facts), a language model's by how `cls` ends; None where
-    the class is not one (a task model in lib's layout has its backbone's class)."""
+    task) where `cls` is its type's transformers task model (lib.tasks.model.card_facts), a language
+    model's by how `cls` ends; None where the class is not one (a task model in lib's layout has its
+    backbone's class)."""
     if m.get("task") is None:
         return next((tag for end, tag in LM_CLASSES.items() if cls and cls.endswith(end)), None)
     return m.get("pipeline_tag") if cls and m.get("task_model") and cls.endswith(m["task_model"]) else None
@@ -216,7 +219,10 @@ def _title(stage: str, params: Params, m: dict[str, Any]) -> str:
 def _model_section(cfg: TransformerConfig, m: dict[str, Any], cls: str | None, loads: bool,
                    hub_task: str | None) -> str:
     kind = "causal (left-to-right)" if cfg.causal else "bidirectional"
-    lines = [f"- Architecture: {kind} transformer, {_count(cfg.n_layers, 'layer')}, {cfg.d_model} wide, "
+    depth = _count(cfg.n_layers, 'layer')
+    if isinstance(cfg, Seq2SeqConfig):
+        kind, depth = "encoder-decoder", f"{cfg.n_layers} + {cfg.decoder_layers} layers (encoder + decoder)"
+    lines = [f"- Architecture: {kind} transformer, {depth}, {cfg.d_model} wide, "
              f"{_count(cfg.n_heads, 'head')}, "
              f"{cfg.position} positions, {cfg.norm}-LN; {m['params']:,} parameters; a vocabulary of "
              f"{cfg.vocab_size:,} tokens."]

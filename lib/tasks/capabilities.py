@@ -178,3 +178,8 @@ class Reported:
         (lib.evaluation.result.TaskEvaluation); `row_label(model, split)` names a model in a table row as
         the report does (split: the SplitEvaluation it was scored on)."""
         return []
+
+
+def kept_extras(kind: object) -> tuple[Extra, ...]:
+    """The extras of its scores that a task type keeps: its Reported.kept_extras, none without the capability."""
+    return kind.kept_extras if isinstance(kind, Reported) else ()

@@ -352,7 +352,7 @@ def write_task_model(model: TaskModel, folder: Path, meta: dict[str, Any]) -> st
 def load_task_model(model_dir: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
     """(the model in eval mode, the contents of classifier.json) from a folder save_task_model wrote, read by
     the type it was saved as (TaskType.read_model)."""
-    from lib.tasks import saved_type  # here, as in save_task_model
+    from lib.tasks import saved_type  # here, as in write_task_model
     model_dir = Path(model_dir)
     try:
         info = json.loads((model_dir / META_FILE).read_text(encoding="utf-8"))
