@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lib.data.tokenizer import load_tokenizer
 from lib.config.params import Params
+from lib.data.tokenizer import load_tokenizer
 from lib.models.config import TransformerConfig
 from lib.objectives.base import BatchPlan, Batches, register
 from lib.objectives.noising import Noised, denoise, sentence_end_table

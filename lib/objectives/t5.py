@@ -11,12 +11,13 @@ import torch
 from torch import Tensor
 
 from lib.config.errors import UserError
-from lib.data.tokenizer import load_tokenizer, sentinel_tokens
 from lib.config.params import Params
+from lib.data.tokenizer import load_tokenizer, sentinel_tokens
 from lib.models.config import TransformerConfig
 from lib.objectives.base import BatchPlan, Batches, register
 from lib.objectives.noising import Noised, span_corruption, span_counts
 from lib.objectives.seq2seq import Seq2SeqObjective
+
 
 @register
 class SpanCorruption(Seq2SeqObjective):
@@ -31,7 +32,8 @@ class SpanCorruption(Seq2SeqObjective):
 
     def batches(self, plan: BatchPlan) -> Batches:
         tokenizer = load_tokenizer(plan.tokenizer)
-        self.sentinel_ids = torch.tensor([tokenizer.token_to_id(t) for t in sentinel_tokens(tokenizer)])
+        self.sentinel_ids = torch.tensor([tokenizer.token_to_id(t) for t in sentinel_tokens(tokenizer)],
+                                         dtype=torch.long)
         noise, spans = span_counts(plan.seq_len, self.corruption)
         needed = spans + (noise > spans)  # a span may wrap around the window's end and count twice
         if len(self.sentinel_ids) < needed:
