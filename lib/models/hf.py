@@ -163,8 +163,8 @@ def load_tensors(model: Transformer, family: Family, theirs: dict[str, torch.Ten
         if cfg.tie_embeddings and f"{stack}head.decoder.weight" not in loaded and table in loaded:
             loaded[f"{stack}head.decoder.weight"] = loaded[table]
     fresh = [k for k in ours if k not in loaded]
-    if any(not in_stack(k, stacks).startswith("head.") for k in fresh):
-        missing = [k for k in fresh if not in_stack(k, stacks).startswith("head.")]
+    missing = [k for k in fresh if not in_stack(k, stacks).startswith("head.")]
+    if missing:
         raise UserError(f"{folder}: the {family.name} weights lack {len(missing)} tensors this config needs "
                         f"(e.g. {missing[0]}); is the weights file from another model?")
     model.load_state_dict({**ours, **loaded})

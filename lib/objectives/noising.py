@@ -70,8 +70,7 @@ def span_corruption(tokens: Tensor, sentinels: Tensor, eos: int, pad: int, decod
     if length < 2:
         raise ValueError(f"span corruption needs rows of at least 2 tokens, got {length}")
     num_noise, num_spans = span_counts(length, cfg)
-    # a span of 2 or more tokens can wrap around the row's end and become two
-    needed = num_spans + (num_noise > num_spans)
+    needed = sentinels_needed(length, cfg)
     if needed > len(sentinels):
         raise ValueError(f"span corruption of rows of {length} tokens needs up to {needed} sentinels "
                          f"({num_spans} noise spans, one more when a span wraps around the row's end), "
@@ -95,6 +94,13 @@ def span_counts(length: int, cfg: SpanCorruptionConfig) -> tuple[int, int]:
     num_noise = min(max(round(length * cfg.noise_density), 1), length - 1)
     num_spans = max(1, round(num_noise / cfg.mean_span_length))
     return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
+def sentinels_needed(length: int, cfg: SpanCorruptionConfig) -> int:
+    """The most sentinels a row of `length` tokens takes: one per noise span, and one more where a span of 2
+    or more tokens wraps around the row's end and becomes two."""
+    num_noise, num_spans = span_counts(length, cfg)
+    return num_spans + (num_noise > num_spans)
 
 
 def span_corruption_lengths(length: int, cfg: SpanCorruptionConfig) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from lib.config.params import Params
 from lib.data.tokenizer import load_tokenizer, sentinel_tokens
 from lib.models.config import TransformerConfig
 from lib.objectives.base import BatchPlan, Batches, register
-from lib.objectives.noising import Noised, span_corruption, span_counts
+from lib.objectives.noising import Noised, sentinels_needed, span_corruption
 from lib.objectives.seq2seq import Seq2SeqObjective
 
 
@@ -34,8 +34,7 @@ class SpanCorruption(Seq2SeqObjective):
         tokenizer = load_tokenizer(plan.tokenizer)
         self.sentinel_ids = torch.tensor([tokenizer.token_to_id(t) for t in sentinel_tokens(tokenizer)],
                                          dtype=torch.long)
-        noise, spans = span_counts(plan.seq_len, self.corruption)
-        needed = spans + (noise > spans)  # a span may wrap around the window's end and count twice
+        needed = sentinels_needed(plan.seq_len, self.corruption)
         if len(self.sentinel_ids) < needed:
             raise UserError(f"objective: t5 cuts windows of {plan.seq_len} tokens into up to {needed} spans, and the "
                             f"tokenizer in {plan.tokenizer} has {len(self.sentinel_ids)} sentinel tokens (<extra_id_0>, "

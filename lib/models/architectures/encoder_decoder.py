@@ -26,6 +26,7 @@ import torch.nn as nn
 from lib.config.params import ModelConfig
 from lib.models.architectures.decoder import Decoder
 from lib.models.architectures.encoder import Encoder
+from lib.models.architectures.stack import each_once
 from lib.models.blocks import Embeddings, matmul_weights
 from lib.models.config import TransformerConfig
 
@@ -140,16 +141,7 @@ class EncoderDecoder(nn.Module):
         """Bottom to top: [the token table and each stack's embedding parts], the encoder's blocks, the
         decoder's blocks, [the final norms + LM head]. Each parameter appears once."""
         encoder, decoder = self.encoder.layer_groups(), self.decoder.layer_groups()
-        groups = [encoder[0] + decoder[0], *encoder[1:-1], *decoder[1:-1], encoder[-1] + decoder[-1]]
-        seen: set[int] = set()
-        unique = []
-        for group in groups:
-            unique.append([])
-            for p in group:
-                if id(p) not in seen:
-                    unique[-1].append(p)
-                    seen.add(id(p))
-        return unique
+        return each_once([encoder[0] + decoder[0], *encoder[1:-1], *decoder[1:-1], encoder[-1] + decoder[-1]])
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -157,12 +157,7 @@ class Transformer(nn.Module):
         groups += [list(block.parameters()) for block in self.blocks]
         groups.append([*self.norm.parameters(), *self.head.parameters(),
                        *(self.pooler.parameters() if self.pooler is not None else ())])
-        seen: set[int] = set()
-        unique = []
-        for group in groups:
-            unique.append([p for p in group if id(p) not in seen])
-            seen.update(id(p) for p in group)
-        return unique
+        return each_once(groups)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Parameters counted once (parameters() skips tied and shared tensors). exclude_embeddings
@@ -185,3 +180,17 @@ class Transformer(nn.Module):
         body = cfg.n_layers * matmul_weights(self.blocks[0]) + matmul_weights(self.project)
         head = matmul_weights(self.head) - padding
         return 6.0 * (body + predicted * head) + 12.0 * cfg.n_layers * cfg.d_model * seq_len
+
+
+def each_once(groups: list[list[nn.Parameter]]) -> list[list[nn.Parameter]]:
+    """`groups` with every parameter kept in the first group, and the first place, it appears (a tied or
+    shared tensor is one parameter, trained at one LR)."""
+    seen: set[int] = set()
+    unique = []
+    for group in groups:
+        unique.append([])
+        for p in group:
+            if id(p) not in seen:
+                unique[-1].append(p)
+                seen.add(id(p))
+    return unique
