@@ -1,12 +1,12 @@
 """Scoring generated text: BLEU and chrF (hand-computed and against sacreBLEU's function API), ROUGE
-(hand-computed LCS), and exact match / F1 of generated answers."""
+(hand-computed LCS), exact match / F1 of generated answers, and the seq2seq baselines."""
 from __future__ import annotations
 
 import pytest
 import sacrebleu
 
-from lib.metrics.generation import (GENERATION_METRICS, answer_scores, bleu, chrf, generation_scores, rouge,
-                                    sentences)
+from lib.metrics.generation import (GENERATION_METRICS, answer_scores, bleu, chrf, copy_source, generation_scores,
+                                    lead, rouge, sentences)
 
 CAT = "the cat sat on the mat"
 CAT_REFERENCE = "the cat sat on a mat"  # n-gram matches 5/6, 3/5, 2/4, 1/3; same length: no brevity penalty
@@ -108,3 +108,24 @@ def test_generation_scores_errors():
         generation_scores(["rouge1"], [CAT], [CAT, CAT])
     with pytest.raises(ValueError, match="one reference per hypothesis; example 0 has 2"):
         generation_scores(["bleu"], [CAT], [[CAT, CAT_REFERENCE]])
+
+
+# baselines ------------------------------------------------------------------------------------------
+
+def test_lead_takes_a_dialogues_first_turns_whole():
+    dialogue = ("Amanda: I baked cookies. Do you want some?\r\nJerry: Sure!\r\n"
+                "Amanda: I'll bring you tomorrow :-)\r\nJerry: Thanks")
+    assert lead([dialogue]) == ["Amanda: I baked cookies. Do you want some?\nJerry: Sure!\n"
+                                "Amanda: I'll bring you tomorrow :-)"]
+    assert lead([dialogue], n=1) == ["Amanda: I baked cookies. Do you want some?"]
+
+
+def test_lead_splits_a_one_line_document_into_sentences():
+    assert lead(["One fell. Two ran! Three? Four."]) == ["One fell.\nTwo ran!\nThree?"]
+    assert lead(["Short."]) == ["Short."]
+
+
+def test_copy_source_scores_the_source_as_its_translation():
+    sources = ["A dog runs in Berlin.", "Two men."]
+    assert copy_source(sources) == sources
+    assert 0 < bleu(copy_source(sources), ["Ein Hund läuft in Berlin.", "Zwei Männer."])[0] < 100

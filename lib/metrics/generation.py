@@ -6,6 +6,11 @@ results compare with published ones:
 - generative QA (SQuAD): `answer_scores`, exact match and token F1 as the extractive task's squad_scores.
 `generation_scores` computes the ones asked by name (GENERATION_METRICS).
 
+And the floors a seq2seq model reads against, which need no training: `copy_source` (translation) and `lead`
+(summarization). They live here, not in baselines.py, beside the sentence splitter they share with
+ROUGE-Lsum: baselines.py is a code dep of every stage from `data` on, and importing this module there would
+make sacreBLEU and rouge-score a part of each.
+
 Scales: BLEU and chrF are 0-100, the numbers sacreBLEU prints beside its signature and every MT paper
 reports; the others are fractions 0-1 like every score in scores.py (ROUGE papers print them times 100).
 """
@@ -75,7 +80,7 @@ def rouge(hypotheses: list[str], references: list[str]) -> dict[str, float]:
 
 
 def sentences(text: str) -> list[str]:
-    """The sentences of `text`, for ROUGE-Lsum: its non-empty lines, each split
+    """The sentences of `text`, for ROUGE-Lsum (and the lead baseline): its non-empty lines, each split
     after a ".", "!" or "?" followed by whitespace. Lines first, so that a text already one sentence a line
     (CNN/DailyMail's references) stays so; the punctuation for one-line texts (a model's output, SAMSum's
     summaries). It stands in for nltk's punkt, which transformers' summarization example uses and which
@@ -119,6 +124,29 @@ def generation_scores(names: Sequence[str], hypotheses: list[str],
         if wanted & set(ROUGE_TYPES):
             scores.update(rouge(hypotheses, single))
     return {name: scores[name] for name in names}, signatures
+
+
+# baselines ------------------------------------------------------------------------------------------
+
+def copy_source(sources: Sequence[str]) -> list[str]:
+    """Translation's floor: each source sentence as its own translation. It scores what names, numbers,
+    punctuation and words the two languages share give for free; a model below it has learned nothing of
+    the target language."""
+    return list(sources)
+
+
+def lead(documents: Sequence[str], n: int = 3) -> list[str]:
+    """Summarization's floor, lead-n (lead-3 in See et al. 2017 and the SAMSum paper): the first `n`
+    sentences of each document, one a line (ROUGE-Lsum's sentences). A document of several lines is read a
+    line per sentence: a SAMSum dialogue's lines are its turns ("Amanda: I baked cookies. Do you want
+    some?"), and its lead-3 is the first three turns whole, the speakers' names kept, since the reference
+    summaries name the speakers. A one-line document is split by `sentences`."""
+    summaries = []
+    for document in documents:
+        lines = [line.strip() for line in document.splitlines() if line.strip()]
+        units = lines if len(lines) > 1 else sentences(document)
+        summaries.append("\n".join(units[:n]))
+    return summaries
 
 
 # checks ---------------------------------------------------------------------------------------------
