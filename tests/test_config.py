@@ -368,8 +368,11 @@ def test_per_task_settings_of_unselected_tasks_are_ignored(chdir_root, tmp_path,
 def test_distill_can_take_some_of_the_finetuned_tasks(chdir_root, tmp_path, default_params):
     default_params["distill"]["tasks"] = ["sst2"]
     assert load(tmp_path, default_params).distill.tasks == ["sst2"]
-    default_params["distill"]["tasks"] = []
-    assert "distill.tasks: [] must be a non-empty list without repeats (or null" in error_of(tmp_path, default_params)
+    default_params["distill"]["tasks"] = []  # no students: a task type without distillation is finetuned alone
+    assert load(tmp_path, default_params).distill.tasks == []
+    default_params["distill"]["tasks"] = ["sst2", "sst2"]
+    assert "distill.tasks: ['sst2', 'sst2'] must be a list without repeats ([]: no students" in error_of(
+        tmp_path, default_params)
 
 
 def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_params):
