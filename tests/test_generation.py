@@ -20,6 +20,7 @@ SHAPES, STEPS, LENGTHS = ["t5", "bart"], 10, [9, 5, 2, 7]
 # each shape's end token: one its rows write at different steps, so that under every decoding below some rows end
 # with it and others run to max_new_tokens (asserted)
 EOS = {"t5": 11, "bart": 60}
+FEW = 8  # the small vocabulary's tokens
 DECODINGS = {"greedy": Decoding(max_new_tokens=STEPS), "beams": Decoding(3, 1.0, STEPS),
              "beams-short": Decoding(3, 0.6, STEPS), "beams-long": Decoding(3, 2.0, STEPS)}
 
@@ -79,16 +80,40 @@ def sequence_scores(model: EncoderDecoder, source: torch.Tensor, sequences: torc
     return log_probs.gather(2, sequences[:, :, None])[:, :, 0].sum(1)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-def test_beam_search_keeping_every_prefix_finds_the_best_sequence(shape):
-    """With 8 tokens and 64 beams every prefix of up to 2 tokens runs on, so beam search over 3 steps is exact:
-    its answer is the best-scoring of all sequences that end with eos or at the third token, whatever the length
-    penalty. A cache read in the wrong order or a score counted wrong would answer another."""
-    vocab, steps, eos = 8, 3, OURS[shape]["eos"]
+def small_vocabulary(shape: str) -> EncoderDecoder:
+    """Our model of `shape` over FEW tokens: its end token is often among a step's best, and every sequence of a
+    few tokens can be counted."""
     torch.manual_seed(0)
     sizes = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, dropout=0.0, max_positions=32)
-    model = build_model(seq2seq_config(sizes, shape, 2, vocab, OURS[shape])).eval()
+    model = build_model(seq2seq_config(sizes, shape, 2, FEW, OURS[shape])).eval()
     perturb(model, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_beam_search_over_few_tokens_is_transformers(shape, tmp_path):
+    """With the end token often among a step's K best, the K beams that run on come from the 2K best continuations
+    (transformers' rule): taking them from the K best alone decodes some of these 64 sources otherwise."""
+    model, eos, pad = small_vocabulary(shape), OURS[shape]["eos"], OURS[shape]["pad"]
+    save_model(model, tmp_path, OURS[shape])
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(3, FEW, (64, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    for decoding in (Decoding(2, 2.0, 5), Decoding(3, 1.0, 5)):
+        theirs.generation_config = forcings_off(model, pad, eos, do_sample=False, num_beams=decoding.num_beams,
+                                                length_penalty=decoding.length_penalty, early_stopping=True,
+                                                max_new_tokens=decoding.max_new_tokens)
+        with torch.no_grad():
+            expected = theirs.generate(ids, attention_mask=mask)
+        assert generate(model, ids, mask, decoding, eos) == [until(row, eos) for row in expected[:, 1:].tolist()]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_beam_search_keeping_every_prefix_finds_the_best_sequence(shape):
+    """With FEW (8) tokens and 64 beams every prefix of up to 2 tokens runs on, so beam search over 3 steps is exact:
+    its answer is the best-scoring of all sequences that end with eos or at the third token, whatever the length
+    penalty. A cache read in the wrong order or a score counted wrong would answer another."""
+    model, vocab, steps, eos = small_vocabulary(shape), FEW, 3, OURS[shape]["eos"]
     source = torch.randint(3, vocab, (1, 6), generator=torch.Generator().manual_seed(1))
     words = [t for t in range(vocab) if t != eos]
     every = [torch.tensor([[*prefix, last] for prefix in itertools.product(words, repeat=n) for last in lasts])
