@@ -8,18 +8,17 @@ encoder-decoder of T5's or BART's shape is written as its transformers folder (l
 and read back by AutoModelForSeq2SeqLM, so both sides hold the same weights, in the same --dtype (the weights
 cast, no autocast; both take log-softmax in fp32). Both decode the same batch of random sources (all
 --source-len tokens long) greedily and with --beams beams (length_penalty 1.0; transformers with
-early_stopping=True, which ours follows), --max-new-tokens after the decoder's start token: the end token
+early_stopping=True, which ours follows) for --max-new-tokens after the decoder's start token. The end token
 both are given is an id past the vocabulary, which neither can write, so that every call does the same work
-(a random BART writes its own end token first: its decoder starts from it and its tied head favours it).
-transformers gets a generation config with every forcing off (BART's forced end token,
-n-gram bans, minimum lengths), so that both compute the same thing; both run with their key/value cache,
-under inference mode (transformers' generate: no_grad), in eval mode.
+(a random BART writes its own end token at once). transformers gets a generation config with every forcing
+off (BART's forced end token, n-gram bans, minimum lengths), so that both compute the same thing. Both run
+with their key/value cache, in eval mode, under inference mode.
 
 Each side runs --warmup untimed calls, then --repeats timed ones; the fastest counts (the least disturbed by
-anything else on the machine). tokens/s = the tokens the call wrote (batch x max-new-tokens) / seconds; the
-encoder's pass is inside the time. `same` says whether the two wrote the same tokens: a random model's near-equal logits can tip an argmax
-either way under a rounding difference, so `no` in bf16 says little; in fp32 it should read `yes`.
-On CUDA the clock is read after torch.cuda.synchronize().
+anything else on the machine). tokens/s = the tokens a call wrote (batch x max-new-tokens) / its seconds, the
+encoder's pass included. `same tokens` says whether the two wrote the same tokens: a random model's
+near-equal logits can tip an argmax either way under a rounding difference, so `no` in bf16 says little; in
+fp32 it should read `yes`. On CUDA the clock is read after torch.cuda.synchronize().
 """
 from __future__ import annotations
 
