@@ -125,7 +125,7 @@ def same_greedy(ours: EncoderDecoder, theirs, pad: int) -> None:
     with torch.no_grad():
         expected = theirs.generate(ids, attention_mask=mask)
     assert len(tokens[row]) == step and max(map(len, tokens)) > step + 1  # the row stops, decoding goes on
-    assert tokens == [until(row, eos) for row in expected[:, 1:].tolist()]
+    assert tokens == [until(written, eos) for written in expected[:, 1:].tolist()]
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
