@@ -91,8 +91,9 @@ def test_answer_scores_normalize_and_take_the_best_gold():
 def test_generation_scores_by_name():
     scores, signatures = generation_scores(GENERATION_METRICS, [CAT], [CAT_REFERENCE])
     assert list(scores) == list(GENERATION_METRICS)
-    assert scores["bleu"] == pytest.approx(bleu([CAT], [CAT_REFERENCE])[0])
-    assert scores["chrf"] == pytest.approx(chrf([CAT], [CAT_REFERENCE])[0])
+    # fractions, as every score: the report's times 100 is sacreBLEU's number
+    assert scores["bleu"] == pytest.approx(bleu([CAT], [CAT_REFERENCE])[0] / 100)
+    assert scores["chrf"] == pytest.approx(chrf([CAT], [CAT_REFERENCE])[0] / 100)
     assert scores["rougeL"] == pytest.approx(rouge([CAT], [CAT_REFERENCE])["rougeL"])
     assert scores["exact_match"] == 1.0  # SQuAD's normalization drops "the" and "a"
     assert set(signatures) == {"bleu", "chrf"}

@@ -11,8 +11,9 @@ And the floors a seq2seq model reads against, which need no training: `copy_sour
 ROUGE-Lsum: baselines.py is a code dep of every stage from `data` on, and importing this module there would
 make sacreBLEU and rouge-score a part of each.
 
-Scales: BLEU and chrF are 0-100, the numbers sacreBLEU prints beside its signature and every MT paper
-reports; the others are fractions 0-1 like every score in scores.py (ROUGE papers print them times 100).
+Scales: `bleu` and `chrf` return sacreBLEU's 0-100, the numbers it prints beside its signature;
+`generation_scores` gives every score as a fraction 0-1, like every score in scores.py, so that the
+report, which prints every metric times 100, shows sacreBLEU's number (and ROUGE as its papers print it).
 """
 from __future__ import annotations
 
@@ -102,8 +103,8 @@ def answer_scores(hypotheses: list[str], golds: list[list[str]]) -> dict[str, fl
 
 def generation_scores(names: Sequence[str], hypotheses: list[str],
                       references: list[str] | list[list[str]]) -> tuple[dict[str, float], dict[str, str]]:
-    """({name: score} for each of `names`, of GENERATION_METRICS; {"bleu" / "chrf": signature} for those
-    asked). A reference is one text or a list of them (a question's gold answers); exact_match and f1 take
+    """({name: score as a fraction 0-1} for each of `names`, of GENERATION_METRICS; {"bleu" / "chrf":
+    signature} for those asked). A reference is one text or a list of them (a question's gold answers); exact_match and f1 take
     the best of a list, the others score one reference per hypothesis. A ValueError when a name is unknown, there
     are no hypotheses, or the references are not one entry per hypothesis."""
     unknown = [name for name in names if name not in GENERATION_METRICS]
@@ -120,7 +121,8 @@ def generation_scores(names: Sequence[str], hypotheses: list[str],
         single = _one_reference_each(golds)
         for name, metric in (("bleu", bleu), ("chrf", chrf)):
             if name in wanted:
-                scores[name], signatures[name] = metric(hypotheses, single)
+                score, signatures[name] = metric(hypotheses, single)
+                scores[name] = score / 100  # a fraction, as every other score
         if wanted & set(ROUGE_TYPES):
             scores.update(rouge(hypotheses, single))
     return {name: scores[name] for name in names}, signatures

@@ -14,7 +14,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -337,6 +337,11 @@ class TaskType:
         the task's data."""
 
     # evaluation -----------------------------------------------------------------------------------
+    def timed_call(self, model: nn.Module, task: TaskData) -> Callable[..., object]:
+        """What one timed call of `model` runs on (input_ids, segment_ids, attention_mask) of random tokens
+        (lib.evaluation.efficiency): its forward pass, by default; a type that generates generates."""
+        return model
+
     def latency_batch(self, info: dict[str, Any]) -> int:
         """The sequences one timed call runs (multiple choice: every choice of a question)."""
         return 1

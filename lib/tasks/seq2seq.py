@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -186,7 +187,8 @@ class Seq2Seq(Reported, TaskType):
     default_metrics = ("bleu", "chrf")
     headless = True
     field_kinds = {"text_field": "texts", "text_pair_field": "texts", "label_field": "texts"}
-    timed = "one source of {seq_len} tokens per call, generated to its end"
+    timed = ("one source of {seq_len} tokens per call, the decoder writing as many tokens as the mean training "
+             "target, not stopping at eos (throughput: sources per second)")
     kept_extras = (DECODING, SIGNATURES, UNFINISHED)
 
     def read(self, cfg: TaskConfig, split: str, key: str, train: list | None) -> tuple[list[Pair], dict[str, int]]:
@@ -263,6 +265,15 @@ class Seq2Seq(Reported, TaskType):
                             max_new_tokens=max_new_tokens(task))
         return generate(_unwrapped(model).backbone, batch["input_ids"], batch["attention_mask"], decoding,
                         eos=task.special["eos"])
+
+    def timed_call(self, model: Seq2SeqModel, task: TaskData) -> Callable[..., object]:
+        """A generation of the task's decoding of as many tokens as the mean training target, whatever the
+        model writes: the same work on every call, so the time is the model's and the lengths', not its
+        random source's (a random source may end at once)."""
+        decoding = Decoding(num_beams=task.info["num_beams"], length_penalty=task.info["length_penalty"],
+                            max_new_tokens=round(statistics.fmean(len(e.target) for e in task.train)))
+        return lambda input_ids, segment_ids, attention_mask: generate(model.backbone, input_ids, attention_mask,
+                                                                       decoding, eos=None)
 
     def score(self, task: TaskData, split: str, predictions: list[list[int]], metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
