@@ -35,6 +35,7 @@ from torch import nn
 
 from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig, TaskConfig
+from lib.data.encoding import pad_rows
 from lib.data.tokenizer import saved_special_ids
 from lib.metrics.generation import GENERATION_METRICS, generation_scores
 from lib.models.architectures import EncoderDecoder, Transformer
@@ -153,13 +154,8 @@ def encode(pairs: Sequence[Pair], tokenizer, eos: int, max_len: int, max_target_
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask (bool) padded to the longest source; labels (the targets, IGNORE where
     padded) to the longest target."""
-    sources, targets = max(len(e.ids) for e in examples), max(len(e.target) for e in examples)
-    input_ids = torch.full((len(examples), sources), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), targets), IGNORE, dtype=torch.long)
-    for row, e in enumerate(examples):
-        input_ids[row, :len(e.ids)] = torch.tensor(e.ids)
-        labels[row, :len(e.target)] = torch.tensor(e.target)
-    attention_mask = torch.arange(sources) < torch.tensor([len(e.ids) for e in examples])[:, None]
+    input_ids, attention_mask = pad_rows([torch.tensor(e.ids) for e in examples], pad_id)
+    labels, _ = pad_rows([torch.tensor(e.target) for e in examples], IGNORE)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
