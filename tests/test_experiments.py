@@ -208,7 +208,7 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
 
     repo = copy_reproduced(reproduced, tmp_path)
     out = run(repo, "dvc", "exp", "run", "-S", "objective=t5", "-S", "finetune.variants=[plain]",
-              "-S", "finetune.tasks=[sst2,multi30k_en_de]", "-S", "distill.tasks=[sst2]",
+              "-S", "finetune.tasks=[sst2,multi30k_en_de,sst2_t2t]", "-S", "distill.tasks=[sst2]",
               "-S", "tasks.multi30k_en_de.max_target_len=24", "-n", "t5")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     for stage in ("pretrain", "adapt"):
@@ -230,6 +230,10 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
     test = evaluated["multi30k_en_de"]["splits"]["test"]
     assert test["signatures"]["teacher"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert test["decoding"]["teacher"] == {"num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 24}
+    assert set(test["scores"]) == {"teacher", "plain", "copy_source"}
+    assert set(evaluated["sst2_t2t"]["splits"]["validation"]["scores"]["teacher"]) == {"exact_match"}
+    report = (repo / "reports/summary.md").read_text()
+    assert "| teacher (best finetuned) | test | 4 beams, length penalty 1 | 24 |" in report
     # the translator travels as a T5 too: transformers writes what ours writes
     from lib.models.generation import Decoding, generate
     folder = repo / "models/finetune/multi30k_en_de"

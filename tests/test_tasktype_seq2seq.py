@@ -64,6 +64,27 @@ def test_squad_s_answers_are_references_and_the_question_and_context_are_named()
     assert skipped == {"empty_target": 1, "empty_source": 1}
 
 
+def test_a_class_index_is_written_as_its_label_word():
+    cfg = task_config(label_names=["negative", "positive"], prefix="sst2 sentence: ")
+    pairs, skipped = read_rows([{"source": "a dull film", "target": 0}, {"source": "a gem", "target": 1},
+                                {"source": "unlabeled", "target": -1}], cfg, "tasks.s")
+    assert [(p.source, p.target) for p in pairs] == [("sst2 sentence: a dull film", "negative"),
+                                                      ("sst2 sentence: a gem", "positive")]
+    assert skipped == {"empty_target": 1}
+    with pytest.raises(UserError, match=r"tasks\.s\.label_names: field 'label' holds class indices; name the word"):
+        read_rows([{"source": "a gem", "target": 1}], task_config(), "tasks.s")
+
+
+def test_the_baseline_copies_the_source_without_its_prefix():
+    cfg = task_config(prefix="translate: ")
+    pairs, _ = read_rows([{"source": "Paris 1066", "target": "Paris 1066"}, {"source": "a cat", "target": "Katze"}],
+                         cfg, "tasks.t")
+    task = TaskData("toy", [], [], [], [], "test", {}, {}, type="seq2seq", info={"prefix": cfg.prefix},
+                    references={"eval": pairs})
+    scores, _ = KIND.baseline_scores(task, [], ["exact_match"], None)
+    assert scores == {"exact_match": 0.5}
+
+
 def test_encoding_ends_both_sides_with_eos_and_counts_the_cut(words):
     tokenizer, special, _ = words
     pairs, _ = read_rows([{"source": "red cat", "target": "big dog"},

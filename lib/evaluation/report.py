@@ -164,8 +164,9 @@ def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: M
         if r.note:
             lines += [r.note, ""]
         if r.teacher:
-            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r.teacher['variant']}` "
-                      f"(seed {r.teacher['seed']}); the student is distilled from it.", ""]
+            distilled = "; the student is distilled from it" if "student" in r.first_split.scores else ""
+            lines += [f"Teacher: the finetuned model with the best dev score, `{r.teacher['variant']}` "
+                      f"(seed {r.teacher['seed']}){distilled}.", ""]
         splits = list(r.splits)
         lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r.metrics) + " |",
                   "|---|" + "---:|" * (len(splits) * len(r.metrics))]

@@ -34,17 +34,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.config.errors import UserError
-from lib.config.params import FinetuneConfig, TaskConfig
+from lib.config.params import EvaluateConfig, FinetuneConfig, TaskConfig
 from lib.data.encoding import pad_rows
 from lib.data.tokenizer import saved_special_ids
-from lib.metrics.generation import GENERATION_METRICS, generation_scores
+from lib.metrics.generation import GENERATION_METRICS, copy_source, generation_scores
 from lib.models.architectures import EncoderDecoder, Transformer
 from lib.models.config import TransformerConfig
 from lib.models.folder import load_model, write_model
 from lib.models.generation import Decoding, generate
 from lib.models.hf import export_family
 from lib.tasks.base import TaskData, TaskType, read_split
-from lib.tasks.capabilities import Extra, Reported
+from lib.tasks.capabilities import Baselined, Extra, Reported
 from lib.tasks.model import EXPORTED, META_FILE, HeadConfig, HeadStyle
 
 IGNORE = -100  # a label position the loss skips (padding)
@@ -133,9 +133,18 @@ def _text(value: Any, language: str | None, language_key: str, field: str) -> st
 
 def _references(value: Any, cfg: TaskConfig, key: str) -> list[str]:
     """The target's texts, non-empty ones only: SQuAD's answers' texts, a translation record's text in
-    target_language, or the text."""
+    target_language, a class index's word in label_names (text-to-text classification; GLUE's -1 of an
+    unlabeled row has none), or the text."""
     if isinstance(value, dict) and isinstance(value.get("text"), list):
         return [t for t in value["text"] if isinstance(t, str) and t.strip()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if cfg.label_names is None:
+            raise UserError(f"{key}.label_names: field '{cfg.label_field}' holds class indices; name the word "
+                            "each is written as, e.g. label_names: [negative, positive]")
+        if value >= len(cfg.label_names):
+            raise UserError(f"{key}.label_names: {cfg.label_names} has no word for class {value} of field "
+                            f"'{cfg.label_field}'; name one per class")
+        return [cfg.label_names[value]] if value >= 0 else []
     text = _text(value, cfg.target_language, f"{key}.target_language", cfg.label_field)
     return [text] if text.strip() else []
 
@@ -175,13 +184,16 @@ def max_new_tokens(task: TaskData) -> int:
     return task.info["max_target_len"]
 
 
-class Seq2Seq(Reported, TaskType):
+class Seq2Seq(Baselined, Reported, TaskType):
     """Generation on an encoder-decoder; see the module docstring."""
 
     name = "seq2seq"
     metrics = GENERATION_METRICS
     default_metrics = ("bleu", "chrf")
+    named_labels = True  # label_names: the words an integer label is written as (text-to-text classification)
     headless = True
+    baseline = "copy_source"
+    baseline_label = "copying the source"
     field_kinds = {"text_field": "texts", "text_pair_field": "texts", "label_field": "texts"}
     timed = ("one source of {seq_len} tokens per call, the decoder writing as many tokens as the mean training "
              "target, not stopping at eos (throughput: sources per second)")
@@ -281,6 +293,37 @@ class Seq2Seq(Reported, TaskType):
                     "max_new_tokens": limit}
         return scores, {DECODING.name: decoding, SIGNATURES.name: signatures,
                         UNFINISHED.name: sum(len(p) >= limit for p in predictions)}
+
+    def baseline_scores(self, task: TaskData, train: list[Pair], metrics: list[str],
+                        settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:
+        """The source itself as the output (without the task prefix): what a translation shares with its
+        source untranslated (names, numbers, cognates) and an answer with its question and paragraph,
+        learned from nothing."""
+        pairs = task.references["eval"]
+        prefix = task.info["prefix"] or ""
+        scores, signatures = generation_scores(metrics, copy_source([p.source[len(prefix):] for p in pairs]),
+                                               [p.references for p in pairs])
+        return scores, {SIGNATURES.name: signatures}
+
+    def report_section(self, result: Any, row_label: Callable[[str, Any], str]) -> list[str]:
+        """How each model's scores were generated, per split: the decoding, how many generations reached the
+        length limit without an end token, and sacreBLEU's signatures."""
+        rows, signatures = [], set()
+        for split, scored in result.splits.items():
+            for model, decoding in scored.extras.get(DECODING.name, {}).items():
+                how = ("greedy" if decoding["num_beams"] == 1 else
+                       f"{decoding['num_beams']} beams, length penalty {decoding['length_penalty']:g}")
+                unfinished = scored.extras.get(UNFINISHED.name, {}).get(model, 0)
+                rows.append(f"| {row_label(model, scored)} | {split} | {how} | {decoding['max_new_tokens']} | "
+                            f"{unfinished} of {scored.examples} |")
+            signatures |= {f"{metric}: `{signature}`" for per_model in scored.extras.get(SIGNATURES.name, {}).values()
+                           for metric, signature in per_model.items()}
+        if not rows:
+            return []
+        return ["| model | split | decoding | at most new tokens | stopped there without an end token |",
+                "|---|---|---|---:|---:|", *rows, "",
+                "The limit is the longest target in training: a model shown no longer target has nothing longer "
+                "to write.", *([f"sacreBLEU's signatures: {'; '.join(sorted(signatures))}."] if signatures else []), ""]
 
 
 def _unwrapped(model: nn.Module) -> Seq2SeqModel:
