@@ -194,6 +194,7 @@ class Seq2Seq(Baselined, Reported, TaskType):
     headless = True
     baseline = "copy_source"
     baseline_label = "copying the source"
+    baseline_fits = False
     field_kinds = {"text_field": "texts", "text_pair_field": "texts", "label_field": "texts"}
     timed = ("one source of {seq_len} tokens per call, the decoder writing as many tokens as the mean training "
              "target, not stopping at eos (throughput: sources per second)")
