@@ -184,6 +184,12 @@ def max_new_tokens(task: TaskData) -> int:
     return task.info["max_target_len"]
 
 
+def decoding(task: TaskData, tokens: int) -> Decoding:
+    """The task's decoding (its num_beams and length_penalty) of at most `tokens` new tokens."""
+    return Decoding(num_beams=task.info["num_beams"], length_penalty=task.info["length_penalty"],
+                    max_new_tokens=tokens)
+
+
 class Seq2Seq(Baselined, Reported, TaskType):
     """Generation on an encoder-decoder; see the module docstring."""
 
@@ -270,19 +276,16 @@ class Seq2Seq(Baselined, Reported, TaskType):
     # scoring -----------------------------------------------------------------------------------
     def predict_batch(self, model: nn.Module, batch: dict[str, torch.Tensor], examples: Sequence[Example],
                       task: TaskData) -> list[list[int]]:
-        decoding = Decoding(num_beams=task.info["num_beams"], length_penalty=task.info["length_penalty"],
-                            max_new_tokens=max_new_tokens(task))
-        return generate(_unwrapped(model).backbone, batch["input_ids"], batch["attention_mask"], decoding,
-                        eos=task.special["eos"])
+        return generate(_unwrapped(model).backbone, batch["input_ids"], batch["attention_mask"],
+                        decoding(task, max_new_tokens(task)), eos=task.special["eos"])
 
     def timed_call(self, model: Seq2SeqModel, task: TaskData) -> Callable[..., object]:
         """A generation of the task's decoding of as many tokens as the mean training target, whatever the
         model writes: the same work on every call, so the time is the model's and the lengths', not its
         random source's (a random source may end at once)."""
-        decoding = Decoding(num_beams=task.info["num_beams"], length_penalty=task.info["length_penalty"],
-                            max_new_tokens=round(statistics.fmean(len(e.target) for e in task.train)))
+        timed = decoding(task, round(statistics.fmean(len(e.target) for e in task.train)))
         return lambda input_ids, segment_ids, attention_mask: generate(model.backbone, input_ids, attention_mask,
-                                                                       decoding, eos=None)
+                                                                       timed, eos=None)
 
     def score(self, task: TaskData, split: str, predictions: list[list[int]], metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
@@ -290,9 +293,7 @@ class Seq2Seq(Baselined, Reported, TaskType):
         references = [pair.references for pair in task.references[split]]
         scores, signatures = generation_scores(metrics, hypotheses, references)
         limit = max_new_tokens(task)
-        decoding = {"num_beams": task.info["num_beams"], "length_penalty": task.info["length_penalty"],
-                    "max_new_tokens": limit}
-        return scores, {DECODING.name: decoding, SIGNATURES.name: signatures,
+        return scores, {DECODING.name: dataclasses.asdict(decoding(task, limit)), SIGNATURES.name: signatures,
                         UNFINISHED.name: sum(len(p) >= limit for p in predictions)}
 
     def baseline_scores(self, task: TaskData, train: list[Pair], metrics: list[str],
