@@ -23,7 +23,6 @@ from lib.core.progress import Progress, RunTimes, duration
 from lib.core.stage import open_stage
 from lib.data.raw import localize
 from lib.data.tokenizer import load_tokenizer, saved_special_ids
-from lib.models.architectures import text_encoder
 from lib.models.folder import MODEL_FILE, load_model
 from lib.tasks import check_tasks, task_metrics, task_type
 from lib.tasks.model import load_task_model
@@ -57,7 +56,10 @@ def main() -> None:
                         + ", ".join(f"{k}={v}" for k, v in flatten(cfg.with_init).items()))
     tokenizer = load_tokenizer(args.model)
     special = saved_special_ids(args.model)
-    adapted = text_encoder(load_model(args.model))  # an encoder-decoder's task heads read its encoder
+    pretrained = load_model(args.model)
+    # what each task's models are built on: the stack its head reads (an encoder-decoder's encoder), or
+    # for a type that writes text the whole encoder-decoder
+    backbones = {name: task_type(local[name]).backbone(pretrained, f"tasks.{name}") for name in cfg.tasks}
     # a kept run is reused only by a stage with the same params, starting model and device
     run_id = fingerprint(stage.keyed_on, device=device.type,
                          model=file_sha256(args.model / MODEL_FILE))
@@ -68,26 +70,26 @@ def main() -> None:
     runs = Progress("finetune", len(kinds), "runs", estimate=lambda: times.eta_s(kinds[runs.done:]),
                     out=lambda line: distributed.say(context, line))
     # which language embedding each task's text reads, said once
-    languages = {name: language_facts(name, local[name], adapted.cfg, context) for name in cfg.tasks}
+    languages = {name: language_facts(name, local[name], backbones[name].cfg, context) for name in cfg.tasks}
     with stage.run() as run:
         run.log_params({"runtime": runtime_facts})
         for name, task_cfg in tasks.items():
             task = task_type(task_cfg).load(name, task_cfg, tokenizer, special, dev_fraction=cfg.dev_fraction,
                                              dev_max=cfg.dev_max, max_train=cfg.train_limit(name),
-                                             max_eval=cfg.eval_limit(name), causal=adapted.cfg.causal)
+                                             max_eval=cfg.eval_limit(name), causal=backbones[name].cfg.causal)
             distributed.say(context, f"{name}: {task.size('train')} train, {task.size('dev')} dev, "
                 f"{task.size('eval') if task.eval is not None else 'no labeled'} {task.eval_split} examples; "
                 f"labels {task.label_names}; skipped {task.skipped}; truncated {task.truncated}")
-            transferred = {t: load_transfer(t, local[t], name, task_cfg, tokenizer, special, cfg, adapted.cfg.causal,
-                                            context) for t in transfers[name]}
+            transferred = {t: load_transfer(t, local[t], name, task_cfg, tokenizer, special, cfg,
+                                            backbones[name].cfg.causal, context) for t in transfers[name]}
             results = []
             for variant in cfg.variants:
                 for seed in seeds:
                     distributed.say(context, f"finetune: {run_name(name, variant, seed)} "
                                              f"(run {runs.done + 1} of {len(kinds)})")
-                    results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), adapted, params,
-                                                 device, special["pad"], args.checkpoints, args.model, run_id, run,
-                                                 context, transferred))
+                    results.append(finetune_once(name, variant, seed, task, task_metrics(task_cfg), backbones[name],
+                                                 params, device, special["pad"], args.checkpoints, args.model, run_id,
+                                                 run, context, transferred))
                     times.add((name, variant), results[-1].seconds)  # a kept run: what it took when it ran
                     runs.update(runs.done + 1)
                     known, untimed = times.left(kinds[runs.done:])

@@ -35,11 +35,13 @@ def test_default_params_load(chdir_root):
     assert params.objective in ("clm", "mlm", "electra")
     assert params.corpora.pretrain.valid_split == "validation"
     assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte", "conll2003", "squad", "squad_v2", "stsb", "codah",
-                                 "stsb_de", "stsb_fr", "stsb_ru", "xquad_en", "xquad_de", "xquad_ru"}
+                                 "stsb_de", "stsb_fr", "stsb_ru", "xquad_en", "xquad_de", "xquad_ru", "multi30k_en_de",
+                                 "squad_gen", "sst2_t2t"}
     assert {name: task.type for name, task in params.tasks.items() if task.type is not None} == {
         "conll2003": "tagging", "squad": "span_qa", "squad_v2": "span_qa", "stsb": "regression",
         "codah": "multiple_choice", "stsb_de": "regression", "stsb_fr": "regression", "stsb_ru": "regression",
-        "xquad_en": "span_qa", "xquad_de": "span_qa", "xquad_ru": "span_qa"}
+        "xquad_en": "span_qa", "xquad_de": "span_qa", "xquad_ru": "span_qa", "multi30k_en_de": "seq2seq",
+        "squad_gen": "seq2seq", "sst2_t2t": "seq2seq"}
     assert {name: task.transfer_from for name, task in params.tasks.items() if task.transfer_from} == {
         "stsb_de": "stsb", "stsb_fr": "stsb", "stsb_ru": "stsb", "xquad_en": "squad", "xquad_de": "squad",
         "xquad_ru": "squad"}
@@ -368,8 +370,11 @@ def test_per_task_settings_of_unselected_tasks_are_ignored(chdir_root, tmp_path,
 def test_distill_can_take_some_of_the_finetuned_tasks(chdir_root, tmp_path, default_params):
     default_params["distill"]["tasks"] = ["sst2"]
     assert load(tmp_path, default_params).distill.tasks == ["sst2"]
-    default_params["distill"]["tasks"] = []
-    assert "distill.tasks: [] must be a non-empty list without repeats (or null" in error_of(tmp_path, default_params)
+    default_params["distill"]["tasks"] = []  # no students: a task type without distillation is finetuned alone
+    assert load(tmp_path, default_params).distill.tasks == []
+    default_params["distill"]["tasks"] = ["sst2", "sst2"]
+    assert "distill.tasks: ['sst2', 'sst2'] must be a list without repeats ([]: no students" in error_of(
+        tmp_path, default_params)
 
 
 def test_floats_as_dvc_writes_them_are_numbers(chdir_root, tmp_path, default_params):

@@ -9,6 +9,7 @@ from lib.models.architectures.encoder import Encoder
 from lib.models.architectures.encoder_decoder import EncoderDecoder, seq2seq_config
 from lib.models.blocks import relative_buckets
 from lib.models.folder import load_model, save_model
+from lib.models.generation import Decoding, generate
 
 VOCAB, SPECIAL = 100, {"pad": 0, "eos": 3}
 SHAPES = ["t5", "bart"]
@@ -69,28 +70,16 @@ def test_the_decoder_reads_no_future_and_no_source_padding(shape):
 
 
 @pytest.mark.parametrize("shape, scale", [("t5", 0.5), ("bart", 1.0)])  # scales where no row repeats one token
-def test_greedy_with_the_cache_is_greedy_without_it(shape, scale):
+def test_generating_with_the_cache_is_decoding_without_it(shape, scale):
     model = build(shape, scale)
     ids, mask = source()
-    cached = model.greedy(ids, 12, mask)
-    assert cached[:, 0].eq(model.cfg.decoder_start).all() and cached.shape == (2, 13)
-    assert all(len(set(row[1:].tolist())) > 1 for row in cached)  # not one token repeated: something to compare
-    rerun = cached[:, :1]
+    cached = torch.tensor(generate(model, ids, mask, Decoding(max_new_tokens=12), eos=None))
+    assert cached.shape == (2, 12) and all(len(set(row.tolist())) > 1 for row in cached)  # something to compare
+    rerun = torch.full((2, 1), model.cfg.decoder_start)
     for _ in range(12):  # each step runs the decoder over the whole prefix again
         hidden = model(ids, rerun, attention_mask=mask)
         rerun = torch.cat([rerun, model.lm_logits(hidden[:, -1]).argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(cached, rerun)
-
-
-def test_greedy_stops_rows_at_eos():
-    model = build("bart", scale=1.0)
-    ids, mask = source()
-    free = model.greedy(ids, 12, mask)
-    written = free[0, 1:].tolist()
-    step = next(i for i, token in enumerate(written) if i > 0 and token not in written[:i])
-    eos = written[step]  # a token row 0 writes first at this step plays the end token
-    stopped = model.greedy(ids, 12, mask, eos=eos)
-    assert torch.equal(stopped[0, : step + 2], free[0, : step + 2]) and stopped[0, step + 2:].eq(eos).all()
+    assert torch.equal(cached, rerun[:, 1:])
 
 
 def test_t5_s_buckets_are_transformers():

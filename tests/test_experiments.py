@@ -200,14 +200,16 @@ def test_a_name_dvc_cannot_save_is_refused_before_any_work(reproduced, tmp_path)
 def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reproduced, tmp_path):
     """`dvc exp run -S objective=t5`: the same tokenizer (its sentinels are in every vocabulary), an
     encoder-decoder pretrained and adapted by span corruption and written as a T5 that transformers loads
-    with our logits, its encoder finetuned, distilled and scored to the report."""
+    with our logits; its encoder finetuned on SST-2, distilled and scored, and the whole model finetuned
+    to translate (a seq2seq task) and scored by BLEU from its generations, to the report."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from lib.models.folder import load_model
 
     repo = copy_reproduced(reproduced, tmp_path)
     out = run(repo, "dvc", "exp", "run", "-S", "objective=t5", "-S", "finetune.variants=[plain]",
-              "-S", "finetune.tasks=[sst2]", "-S", "distill.tasks=[sst2]", "-n", "t5")
+              "-S", "finetune.tasks=[sst2,multi30k_en_de,sst2_t2t]", "-S", "distill.tasks=[sst2]",
+              "-S", "tasks.multi30k_en_de.max_target_len=24", "-n", "t5")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     for stage in ("pretrain", "adapt"):
         metrics = json.loads((repo / f"metrics/{stage}.json").read_text())
@@ -222,4 +224,24 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
         assert torch.allclose(ours.lm_logits(ours(source, target)), expected, atol=1e-4)
     finetune = json.loads((repo / "metrics/finetune.json").read_text())
     assert set(finetune["sst2"]["variants"]) == {"plain"}
-    assert "sst2" in json.loads((repo / "metrics/evaluate.json").read_text())
+    assert set(finetune["multi30k_en_de"]["variants"]["plain"]["eval"]) == {"bleu", "chrf"}
+    evaluated = json.loads((repo / "metrics/evaluate.json").read_text())
+    assert "sst2" in evaluated
+    test = evaluated["multi30k_en_de"]["splits"]["test"]
+    assert test["signatures"]["teacher"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert test["decoding"]["teacher"] == {"num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 24}
+    assert set(test["scores"]) == {"teacher", "plain", "copy_source"}
+    assert set(evaluated["sst2_t2t"]["splits"]["validation"]["scores"]["teacher"]) == {"exact_match"}
+    report = (repo / "reports/summary.md").read_text()
+    assert "| teacher (best finetuned) | test | 4 beams, length penalty 1 | 24 |" in report
+    assert "| copying the source | " in report  # it learns from no train examples: none are counted
+    # the translator travels as a T5 too: transformers writes what ours writes
+    from lib.models.generation import Decoding, generate
+    folder = repo / "models/finetune/multi30k_en_de"
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["T5ForConditionalGeneration"]
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = theirs.generate(input_ids=source, attention_mask=torch.ones_like(source), do_sample=False,
+                                   num_beams=1, max_new_tokens=8)
+    written = generate(load_model(folder), source, None, Decoding(max_new_tokens=8), eos=theirs.config.eos_token_id)
+    assert [row[:len(w)] for row, w in zip(expected[:, 1:].tolist(), written)] == written

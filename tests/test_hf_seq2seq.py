@@ -15,6 +15,7 @@ from lib.core.io import read_safetensors, write_safetensors
 from lib.models.architectures import build_model
 from lib.models.architectures.encoder_decoder import EncoderDecoder, seq2seq_config
 from lib.models.folder import load_model, save_model
+from lib.models.generation import Decoding, generate, until
 from lib.models.hf import CONFIG_FILE, SAFETENSORS_FILE, export_family, import_model
 
 transformers = pytest.importorskip("transformers")
@@ -99,29 +100,32 @@ def stop_token(free: list[list[int]]) -> tuple[int, int]:
     raise AssertionError(f"no row writes a token of its own after its first step: {free}")
 
 
+def forcings_off(ours: EncoderDecoder, pad: int, eos: int, **decoding) -> "transformers.GenerationConfig":
+    """transformers' generation config with every forcing off, so that generate() decodes as
+    lib.models.generation.generate does: set explicitly, in place of the model's own, since generate() fills
+    what its argument leaves unset from the model's (BART's forced_eos_token_id, a minimum length, n-gram bans,
+    penalties would change what it picks). `decoding`: do_sample, num_beams, max_new_tokens and the like."""
+    return transformers.GenerationConfig(
+        **decoding, min_length=0, min_new_tokens=None, no_repeat_ngram_size=0, repetition_penalty=1.0,
+        forced_bos_token_id=None, forced_eos_token_id=None, bad_words_ids=None, suppress_tokens=None,
+        begin_suppress_tokens=None, eos_token_id=eos, pad_token_id=pad, decoder_start_token_id=ours.cfg.decoder_start,
+        # transformers 5 sizes T5's key/value cache by the encoder's depth: uncached where the decoder's differs
+        use_cache=ours.cfg.decoder_layers == ours.cfg.n_layers)
+
+
 def same_greedy(ours: EncoderDecoder, theirs, pad: int) -> None:
     """Our greedy decoding is transformers' generate() with every forcing off, token for token. The end token is
     one a row writes first after its first step, so that a row stops while decoding goes on."""
     ids, mask = source(pad)
-    free = ours.greedy(ids, STEPS, mask.bool())[:, 1:].tolist()
+    free = generate(ours, ids, mask, Decoding(max_new_tokens=STEPS), eos=None)
     row, step = stop_token(free)
     eos = free[row][step]
-    tokens = ours.greedy(ids, STEPS, mask.bool(), eos=eos)
-    # set explicitly, in place of the model's own: generate() fills what its argument leaves unset from the
-    # model's (BART's forced_eos_token_id, a minimum length, n-gram bans, penalties would change what it picks)
-    theirs.generation_config = transformers.GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=STEPS, min_length=0, min_new_tokens=None,
-        no_repeat_ngram_size=0, repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
-        bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, eos_token_id=eos, pad_token_id=pad,
-        decoder_start_token_id=ours.cfg.decoder_start,
-        # transformers 5 sizes T5's key/value cache by the encoder's depth: uncached where the decoder's differs
-        use_cache=ours.cfg.decoder_layers == ours.cfg.n_layers)
+    tokens = generate(ours, ids, mask, Decoding(max_new_tokens=STEPS), eos=eos)
+    theirs.generation_config = forcings_off(ours, pad, eos, do_sample=False, num_beams=1, max_new_tokens=STEPS)
     with torch.no_grad():
         expected = theirs.generate(ids, attention_mask=mask)
-    written = expected[:, 1:]  # generate pads finished rows with the pad token, ours with the end token
-    written.masked_fill_((written == eos).cumsum(1) > 0, eos)
-    assert tokens[row, step + 1] == eos and tokens.shape[1] > step + 2  # the row stops, decoding goes on
-    assert torch.equal(tokens, expected)
+    assert len(tokens[row]) == step and max(map(len, tokens)) > step + 1  # the row stops, decoding goes on
+    assert tokens == [until(written, eos) for written in expected[:, 1:].tolist()]
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

@@ -129,7 +129,9 @@ class TaskConfig:
     `text_pair_field`) and `label_field`; tagging `text_field` (a list of words) and `label_field` (a
     list of IOB2 tags); span_qa `text_field` (the question), `text_pair_field` (the context) and
     `label_field` (answers {text, answer_start}); multiple_choice `text_field` (the context),
-    `text_pair_field` (the list of endings) and `label_field` (the right ending's index)."""
+    `text_pair_field` (the list of endings) and `label_field` (the right ending's index); seq2seq
+    `text_field` (the source; + `text_pair_field`, read as "<field>: <text> <field>: <text>") and
+    `label_field` (the target: a text, SQuAD's answers, or a translation record's `target_language`)."""
 
     source: str
     type: str | None = None  # a task type of lib/tasks; null = lib.tasks.DEFAULT_TYPE (classification)
@@ -153,6 +155,12 @@ class TaskConfig:
     # zero-shot transfer: the name of another task in `tasks` whose finetuned models (every variant and
     # seed) finetune scores on this task's eval_splits; this task trains nothing and needs no train split
     transfer_from: str | None = None
+    # seq2seq: the language of the target text (a translation record's key); the source's is `language`
+    target_language: str | None = None
+    prefix: str | None = None  # seq2seq: T5's task prefix, put before every source ("translate English to German: ")
+    max_target_len: int = 128  # seq2seq: target tokens per example, eos included; generation writes at most this many
+    num_beams: int = 1  # seq2seq: beam search's width (1: greedy)
+    length_penalty: float = 1.0  # seq2seq: a finished beam's score is its log-probability / length ** length_penalty
 
     def validate(self, key: str) -> None:
         check_source(self.source, f"{key}.source")
@@ -166,7 +174,9 @@ class TaskConfig:
             raise ParamsError(f"{key}.max_len: {self.max_len} must be >= 8 (special tokens + some text)")
         if self.label_names is not None and len(set(self.label_names)) < 2:
             raise ParamsError(f"{key}.label_names: need at least 2 distinct names (or null)")
-        at_least_one(self, key, "stride", "max_question_len", "max_answer_len")
+        at_least_one(self, key, "stride", "max_question_len", "max_answer_len", "num_beams")
+        if self.max_target_len < 2:
+            raise ParamsError(f"{key}.max_target_len: {self.max_target_len} must be >= 2 (a token and eos)")
 
 
 @dataclass
@@ -674,7 +684,7 @@ class FinetuneConfig(OptimizerConfig):
 class DistillConfig(OptimizerConfig):
     """A smaller student per task, trained on the finetuned teacher's outputs (DistilBERT, Patient-KD)."""
 
-    tasks: list[str] | None = None  # each must be in finetune.tasks; null = every task finetune trains
+    tasks: list[str] | None = None  # each must be in finetune.tasks; null = every task finetune trains; [] = none
     layers: int = 2  # student depth
     width: float = 1.0  # student d_model as a share of the teacher's; < 1 starts from random weights
     init: Literal["every_other", "bottom", "random"] = "every_other"  # which teacher blocks the student copies
@@ -697,8 +707,8 @@ class DistillConfig(OptimizerConfig):
     def validate(self, key: str) -> None:
         self.check_optimizer(key)
         at_least_one(self, key, "layers", "epochs", "batch_size", "patience")
-        if self.tasks is not None and (not self.tasks or len(set(self.tasks)) != len(self.tasks)):
-            raise ParamsError(f"{key}.tasks: {self.tasks} must be a non-empty list without repeats (or null: "
+        if self.tasks is not None and len(set(self.tasks)) != len(self.tasks):
+            raise ParamsError(f"{key}.tasks: {self.tasks} must be a list without repeats ([]: no students; null: "
                               "every task in finetune.tasks)")
         if not 0.0 < self.width <= 1.0:
             raise ParamsError(f"{key}.width: {self.width} must be in (0, 1]")

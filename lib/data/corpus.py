@@ -32,8 +32,9 @@ def in_valid_split(text: str, valid_fraction: float) -> bool:
 def eval_texts(spec: dict[str, dict], raw_dir: Path) -> Iterator[str]:
     """Every text of every task's evaluation splits, as the data stage's lib.data.raw.eval_text_spec names them,
     for decontamination: each text field's value (both texts of a pair; span_qa's question and context); by
-    the field's kind, a tagging task's words joined by single spaces, and a multiple_choice task's context
-    followed by each of its endings (the types' `field_kinds`, lib/tasks, say why). A value of another type is a UserError
+    the field's kind, a tagging task's words joined by single spaces, a multiple_choice task's context
+    followed by each of its endings, and every text of a seq2seq task's source and target records (the
+    types' `field_kinds`, lib/tasks, say why). A value of another type is a UserError
     naming the task's field key."""
     for name, task in spec.items():
         source, kinds = str(raw_dir / task["folder"]), task.get("kinds", {})
@@ -50,8 +51,23 @@ def eval_texts(spec: dict[str, dict], raw_dir: Path) -> Iterator[str]:
                         context = _text(row.get("text_field"), where.get("text_field", ""))
                         yield from (" ".join(filter(None, (context, ending)))
                                     for ending in _strings(value, where[key], "list of endings"))
+                    elif kind == "texts":
+                        yield from _nested_texts(value)
                     else:
                         yield _text(value, where[key])
+
+
+def _nested_texts(value: object) -> Iterator[str]:
+    """Every text in a field that holds a text or a record of them: a translation {en: ..., de: ...}, SQuAD's
+    answers {text: [...], answer_start: [...]} (the numbers are not text and are passed over)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _nested_texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _nested_texts(item)
 
 
 def _text(value: object, where: str) -> str:

@@ -119,3 +119,10 @@ def padded(sequences: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tup
         segment_ids[row, :len(ids)] = torch.tensor(segments, dtype=torch.long)
         attention_mask[row, :len(ids)] = True
     return input_ids, segment_ids, attention_mask
+
+
+def pad_rows(rows: list[torch.Tensor], value: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, longest) rows right-padded with `value`, and a (B, longest) bool mask of the real tokens."""
+    padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value)
+    lengths = torch.tensor([len(row) for row in rows], device=padded.device)
+    return padded, torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]

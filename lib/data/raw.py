@@ -355,7 +355,8 @@ def eval_text_spec(params: Params, field_kinds: dict[str, dict[str, str]]) -> di
     selects, does not rerun clean."""
     spec = {}
     for name, task in sorted(params.tasks.items()):
-        fields = {key: getattr(task, key) for key in ("text_field", "text_pair_field")
+        # the texts; and a field of another role where the type says what it holds (a seq2seq target)
+        fields = {key: getattr(task, key) for key in ("text_field", "text_pair_field", *field_kinds[name])
                   if getattr(task, key) is not None}
         spec[name] = {"folder": raw_name(task.source, f"tasks.{name}.source"), "splits": list(task.eval_splits),
                       "fields": fields}

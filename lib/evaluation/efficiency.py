@@ -44,12 +44,15 @@ def size_on_disk(folder: str | Path) -> int:
 
 
 def latency(model: TaskModel, seq_len: int, device: str | torch.device, *, batch_size: int = 1, warmup: int = 5,
-            repeats: int = 50, threads: int | None = None, precision: str = "auto") -> dict[str, float]:
+            repeats: int = 50, threads: int | None = None, precision: str = "auto",
+            call: Callable[..., object] | None = None) -> dict[str, float]:
     """{"p50_ms", "p95_ms", "mean_ms"}: milliseconds per forward of `batch_size` sequences of `seq_len`
-    tokens. `threads` sets torch's CPU threads for the measurement; `precision` is auto, bf16 or fp32.
-    The model is moved to `device` (in place, as nn.Module.to does) and left in its training mode."""
+    tokens. `threads` sets torch's CPU threads for the measurement; `precision` is auto, bf16 or fp32;
+    `call`: what one call runs on (input_ids, segment_ids, attention_mask), by default the model's forward
+    (lib.tasks.base.TaskType.timed_call: a type that generates times a generation). The model is moved to
+    `device` (in place, as nn.Module.to does) and left in its training mode."""
     return _milliseconds(_timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads,
-                                      precision))
+                                      precision, call))
 
 
 def onnx_latency(forward: Callable[..., object], vocab_size: int, seq_len: int, *, batch_size: int = 1,
@@ -63,23 +66,25 @@ def onnx_latency(forward: Callable[..., object], vocab_size: int, seq_len: int, 
 
 
 def throughput(model: TaskModel, seq_len: int, device: str | torch.device, *, batch_size: int = 32,
-               warmup: int = 2, repeats: int = 10, threads: int | None = None, precision: str = "auto") -> float:
-    """Sequences of `seq_len` tokens classified per second, in batches of `batch_size` (as latency)."""
-    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision)
+               warmup: int = 2, repeats: int = 10, threads: int | None = None, precision: str = "auto",
+               call: Callable[..., object] | None = None) -> float:
+    """Sequences of `seq_len` tokens predicted per second, in batches of `batch_size` (as latency)."""
+    times = _timed_calls(model, seq_len, torch.device(device), batch_size, warmup, repeats, threads, precision, call)
     return batch_size * len(times) / sum(times)
 
 
 def profile(model: TaskModel, folder: str | Path, *, seq_len: int, repeats: int, throughput_batch: int,
-            latency_batch: int = 1) -> dict:
+            latency_batch: int = 1, call: Callable[..., object] | None = None) -> dict:
     """Size (parameters, bytes of `folder`'s weights) and speed on CPU, and on the GPU when there is one:
     latency of a call of `latency_batch` sequences (1: one request; a multiple-choice question is one
     call over its choices) and throughput in sequences/s over batches of `throughput_batch`, all of
-    `seq_len` tokens. The model is left on the CPU."""
+    `seq_len` tokens, each call `call` (as latency). The model is left on the CPU."""
     figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
-        timing = latency(model, seq_len, device, batch_size=latency_batch, repeats=repeats)
-        figures[device] = {**timing, "throughput": throughput(model, seq_len, device, batch_size=throughput_batch),
+        timing = latency(model, seq_len, device, batch_size=latency_batch, repeats=repeats, call=call)
+        figures[device] = {**timing, "throughput": throughput(model, seq_len, device, batch_size=throughput_batch,
+                                                              call=call),
                            "batch": throughput_batch, "seq_len": seq_len,
                            "threads": torch.get_num_threads() if device == "cpu" else None,
                            **({"latency_batch": latency_batch} if latency_batch != 1 else {})}
@@ -124,7 +129,7 @@ def _measured(call: Callable[[], object], warmup: int, repeats: int) -> list[flo
 
 
 def _timed_calls(model: TaskModel, seq_len: int, device: torch.device, batch_size: int, warmup: int, repeats: int,
-                 threads: int | None, precision: str) -> list[float]:
+                 threads: int | None, precision: str, call: Callable[..., object] | None = None) -> list[float]:
     """Seconds of each timed forward (see _measured)."""
     inputs = _random_inputs(model.backbone.cfg.vocab_size, batch_size, seq_len, device)
     # resolved at the stage's thread count, the one the probe's cached answer is for
@@ -135,7 +140,7 @@ def _timed_calls(model: TaskModel, seq_len: int, device: torch.device, batch_siz
         torch.set_num_threads(threads)
 
     def forward() -> None:
-        model(*inputs)
+        (call or model)(*inputs)
         _sync(device)  # CUDA returns before the kernels have run
 
     try:

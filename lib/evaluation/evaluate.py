@@ -96,8 +96,8 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
             entry.scores.update(variant_means(finetuned))
         if isinstance(kind, Baselined):
             for suffix, items in (("", train), ("_full_train", full_train)):
-                if suffix and len(full_train) == len(train):
-                    continue  # finetuning used all of train: the baseline above already did
+                if suffix and (len(full_train) == len(train) or not kind.baseline_fits):
+                    continue  # finetuning used all of train (or the baseline learns nothing): scored above
                 print(f"{name} {split}: {kind.baseline_label} baseline on {len(items)} train examples", flush=True)
                 values, extras = kind.baseline_scores(task, items, metrics, cfg)
                 entry.scores[kind.baseline + suffix] = values
@@ -135,7 +135,7 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
         print(f"{name}: timing {', '.join(loaded)}: {result.timed}", flush=True)
     result.efficiency = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
                                        repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
-                                       latency_batch=latency_batch)
+                                       latency_batch=latency_batch, call=kind.timed_call(model, task))
                          for role, (model, _) in loaded.items()}
     if onnx:
         print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)

@@ -40,6 +40,7 @@ ROLES = {"teacher": "teacher (best finetuned)", "student": "student (distilled)"
          "tfidf": "TF-IDF + LR", "student_int8": "student, int8 (ONNX Runtime)"}
 # the task types' train-only baselines (lib.metrics.baselines), each also as "<name>_full_train"
 BASELINES = {kind.baseline: kind.baseline_label for kind in TYPES.values() if isinstance(kind, Baselined)}
+UNFITTED = {kind.baseline for kind in TYPES.values() if isinstance(kind, Baselined) and not kind.baseline_fits}
 
 
 class Shown(Protocol):
@@ -164,8 +165,9 @@ def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: M
         if r.note:
             lines += [r.note, ""]
         if r.teacher:
-            lines += [f"Teacher: the finetuned classifier with the best dev score, `{r.teacher['variant']}` "
-                      f"(seed {r.teacher['seed']}); the student is distilled from it.", ""]
+            distilled = "; the student is distilled from it" if "student" in r.first_split.scores else ""
+            lines += [f"Teacher: the finetuned model with the best dev score, `{r.teacher['variant']}` "
+                      f"(seed {r.teacher['seed']}){distilled}.", ""]
         splits = list(r.splits)
         lines += ["| model | " + " | ".join(f"{s} {m}" for s in splits for m in r.metrics) + " |",
                   "|---|" + "---:|" * (len(splits) * len(r.metrics))]
@@ -286,13 +288,15 @@ def onnx_milliseconds(timing: dict[str, Any] | None) -> str:
 
 
 def row_label(model: str, split: SplitEvaluation, variants: Mapping[str, Shown]) -> str:
-    """A model's name in the tables; the baselines say how many train examples they learned from
+    """A model's name in the tables; the baselines that learn say how many train examples they learned from
     (the finetune subset, or all of train: a task that is not finetuned has no subset)."""
     base = model.removesuffix("_full_train")
     if model in variants:
         return variants[model].label
     if base not in BASELINES:
         return ROLES.get(model, model)
+    if base in UNFITTED:
+        return BASELINES[base]
     if model != base or split.train_examples == split.full_train_examples:
         return f"{BASELINES[base]} (all {split.full_train_examples:,} train)"
     return f"{BASELINES[base]} (same {split.train_examples:,} train as finetuning)"

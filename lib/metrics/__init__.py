@@ -1,2 +1,3 @@
-"""Metric functions (scores.py) and the train-only baselines each task type reads against (baselines.py):
-pure functions of predictions and items, which every package above may use."""
+"""Metric functions (scores.py; generation.py for generated text, with its two baselines) and the train-only
+baselines each task type reads against (baselines.py): pure functions of predictions and items, which every
+package above may use."""

@@ -50,6 +50,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from lib.config.params import DenoisingConfig, SpanCorruptionConfig
+from lib.data.encoding import pad_rows
 from lib.objectives.masking import IGNORE_INDEX, special_mask, word_index, word_table
 
 SENTENCE_END_MARKS = (".", "!", "?")
@@ -284,13 +285,6 @@ def assemble(inputs: list[Tensor], targets: list[Tensor], pad: int, decoder_star
     shifted = targets_padded.masked_fill(~target_mask, pad)[:, :-1]
     start = shifted.new_full((len(targets), 1), decoder_start)
     return Noised(inputs_padded, input_mask, targets_padded, torch.cat([start, shifted], 1))
-
-
-def pad_rows(rows: list[Tensor], value: int) -> tuple[Tensor, Tensor]:
-    """(B, longest) rows right-padded with `value`, and a (B, longest) bool mask of the real tokens."""
-    padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value)
-    lengths = torch.tensor([len(row) for row in rows], device=padded.device)
-    return padded, torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
 
 
 def sentence_end_table(tokenizer: Tokenizer, vocab_size: int) -> Tensor:

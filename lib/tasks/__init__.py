@@ -35,12 +35,12 @@ No other file names a type (tests/test_layout.py fails on a type's name as a str
 from typing import Any
 
 from lib.config.params import Params, ParamsError, TaskConfig, check_choice
-from lib.tasks import classification, multiple_choice, regression, span_qa, tagging
+from lib.tasks import classification, multiple_choice, regression, seq2seq, span_qa, tagging
 from lib.tasks.base import TaskType
 from lib.tasks.capabilities import Distilled, UnlabeledTransfer, ZeroShot
 
 TYPES: dict[str, TaskType] = {t.name: t for t in (classification.TYPE, regression.TYPE, tagging.TYPE, span_qa.TYPE,
-                                                  multiple_choice.TYPE)}
+                                                  multiple_choice.TYPE, seq2seq.TYPE)}
 DEFAULT_TYPE = classification.TYPE.name  # a task's type where params.yaml names none
 
 
@@ -105,7 +105,7 @@ def check_tasks(params: Params) -> None:
         kind = task_type(params.tasks[name])
         if not isinstance(kind, Distilled):
             raise ParamsError(f"distill.tasks[{i}]: '{name}' is a {kind.name} task, which has no distillation; "
-                              "list distill.tasks without it")
+                              "list distill.tasks without it ([] for no students)")
     for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's
         kind = task_type(params.tasks[name])
         if not isinstance(kind, UnlabeledTransfer):

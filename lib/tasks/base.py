@@ -14,7 +14,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -22,10 +22,10 @@ from torch import nn
 from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig, ParamsError, TaskConfig
 from lib.data.sources import drop_undecodable, read_rows, split_columns
-from lib.models.architectures import Transformer
+from lib.models.architectures import EncoderDecoder, Transformer, text_encoder
 from lib.models.config import TransformerConfig
 from lib.tasks.capabilities import Exported
-from lib.tasks.model import HeadConfig, HeadStyle, TaskModel, plain_head, read_task_model
+from lib.tasks.model import HeadConfig, HeadStyle, TaskModel, plain_head, read_task_model, write_task_model
 
 UNLABELED = -1  # GLUE's label of an unlabeled test row (null also counts)
 
@@ -45,6 +45,9 @@ class TaskData:
     info: dict[str, Any] = field(default_factory=dict)  # what a type's model needs besides labels, saved with it
     references: dict[str, list] = field(default_factory=dict)  # per split: the rows a type reads (and scores against)
     language: str | None = None  # the language of its text (TaskConfig.language), which the model reads it as
+    # what its texts were encoded with: what a type that writes text decodes its outputs with and stops at
+    tokenizer: Any = None
+    special: dict[str, int] = field(default_factory=dict)
 
     def size(self, split: str) -> int:
         """How many items `split` ("train", "dev", "eval") holds: rows, not model inputs (a question of
@@ -129,6 +132,9 @@ class TaskType:
     # the frozen variant's probe: scikit-learn's logistic regression on the features (its cross-entropy is
     # the type's loss), else L-BFGS on the type's own loss
     logistic_probe = False
+    # its model writes text with the pretrained model's own LM head: no head on the states, so no variant
+    # that trains one on fixed or mixed states (Variant.needs_head)
+    headless = False
 
     # params -------------------------------------------------------------------------------------
     def check(self, cfg: TaskConfig, key: str) -> None:
@@ -208,7 +214,7 @@ class TaskType:
             eval=encoded["eval"] or None, eval_split=items.eval_split, skipped=items.skipped,
             truncated={"train": truncated["train"] + truncated["dev"], "eval": truncated["eval"]},
             type=self.name, info=items.info, references={"train": items.train, "dev": items.dev, "eval": items.eval},
-            language=cfg.language)
+            language=cfg.language, tokenizer=tokenizer, special=special)
 
     def split_train(self, items: list, key: str, *, dev_fraction: float, dev_max: int,
                     max_train: int | None) -> tuple[list, list]:
@@ -256,6 +262,11 @@ class TaskType:
             return HeadConfig(n_outputs, "tokens", block=False, dropout=cfg.head_dropout if self.head_dropout else 0.0)
         return plain_head(backbone, n_outputs, cfg.head_dropout)
 
+    def backbone(self, model: Transformer | EncoderDecoder, key: str) -> Transformer | EncoderDecoder:
+        """What of the pretrained `model` this type's models are built on (`key`: tasks.<name>, named in
+        errors): the stack its head reads (an encoder-decoder's encoder), by default."""
+        return text_encoder(model)
+
     def build_model(self, backbone: Transformer, head: HeadConfig) -> nn.Module:
         """The model the type trains on `backbone`: by default the backbone and `head`
         (lib.tasks.model.TaskModel). A type whose model is not a head on the backbone's states (an
@@ -266,6 +277,12 @@ class TaskType:
         """The model `build_model` built, from the folder lib.tasks.model.save_task_model wrote (`info`: its
         classifier.json): in lib's layout, or an Exported type's in transformers' layout."""
         return read_task_model(folder, info, self if isinstance(self, Exported) else None)
+
+    def write_model(self, model: nn.Module, folder: Path, meta: dict[str, Any]) -> str:
+        """Write the model `build_model` built into `folder` (a model folder being written, its tokenizer
+        files in it), for `read_model`; returns one line saying in which layout (classifier.json's
+        "transformers"). By default lib.tasks.model.write_task_model's TaskModel."""
+        return write_task_model(model, folder, meta)
 
     # training ------------------------------------------------------------------------------------
     def n_outputs(self, task: TaskData) -> int:
@@ -320,6 +337,11 @@ class TaskType:
         the task's data."""
 
     # evaluation -----------------------------------------------------------------------------------
+    def timed_call(self, model: nn.Module, task: TaskData) -> Callable[..., object]:
+        """What one timed call of `model` runs on (input_ids, segment_ids, attention_mask) of random tokens
+        (lib.evaluation.efficiency): its forward pass, by default; a type that generates generates."""
+        return model
+
     def latency_batch(self, info: dict[str, Any]) -> int:
         """The sequences one timed call runs (multiple choice: every choice of a question)."""
         return 1

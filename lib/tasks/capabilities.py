@@ -97,6 +97,8 @@ class Baselined:
 
     baseline: str  # the name the evaluation reports the type's train-only baseline under
     baseline_label: str  # and how the report shows it
+    # whether it learns from train; one that does not (copying the source) is scored once, not per train size
+    baseline_fits: bool = True
 
     def baseline_scores(self, task: TaskData, train: list, metrics: list[str],
                         settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:

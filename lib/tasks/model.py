@@ -317,10 +317,12 @@ def card_facts(kind) -> dict[str, Any]:
 
 
 def save_task_model(model: TaskModel, out_dir: Path, tokenizer_dir: Path, meta: dict[str, Any]) -> str:
-    """out_dir/ as write_task_model writes it, with the tokenizer files of `tokenizer_dir`, written whole or
-    not at all (lib.models.folder.model_folder); write_task_model's line."""
+    """out_dir/ as the task's type writes its model (TaskType.write_model: by default write_task_model), with
+    the tokenizer files of `tokenizer_dir`, written whole or not at all (lib.models.folder.model_folder);
+    the type's line saying in which layout."""
+    from lib.tasks import saved_type  # here, as in write_task_model
     with model_folder(out_dir, tokenizer_dir) as folder:
-        return write_task_model(model, folder, meta)
+        return saved_type(meta).write_model(model, folder, meta)
 
 
 def write_task_model(model: TaskModel, folder: Path, meta: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from lib.models.folder import model_folder
 from lib.serving.model_card import write_model_card
 from lib.tasks import saved_type, task_metrics, task_type
 from lib.tasks.base import text_hash
-from lib.tasks.model import TaskModel, card_facts, write_task_model
+from lib.tasks.model import TaskModel, card_facts
 from lib.training.distill import DistillResult, distill_task
 from lib.training.finetune import run_name
 
@@ -84,7 +84,7 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: TaskModel, info: dict
             "teacher": {"variant": info["variant"], "seed": info["seed"], "blocks": result.teacher_blocks,
                         "layer_map": result.layer_map}}
     with model_folder(task_dir / STUDENT, teacher_dir) as tmp:
-        line = write_task_model(student, tmp, meta)
+        line = kind.write_model(student, tmp, meta)
         card = {"transformers": line, **card_facts(kind), "params": result.student_params,
                 "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
                 "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

@@ -25,7 +25,7 @@ from lib.models.folder import model_folder
 from lib.serving.model_card import write_model_card
 from lib.tasks import TYPES, task_type
 from lib.tasks.base import TaskData
-from lib.tasks.model import card_facts, language_row, write_task_model
+from lib.tasks.model import card_facts, language_row
 from lib.training.finetune import RunResult, run_name, transfer_scores
 from lib.training.variants import VARIANTS, run_variant
 
@@ -87,7 +87,7 @@ def finetune_once(name: str, variant: str, seed: int, task: TaskData, metric_nam
                 "encoding": {k: getattr(params.tasks[name], k) for k in ("max_len", "truncation", "text_field",
                                                                            "text_pair_field")}}
         with model_folder(task_dir / BEST, tokenizer_dir) as tmp:
-            line = write_task_model(model, tmp, meta)
+            line = TYPES[task.type].write_model(model, tmp, meta)
             card = {"transformers": line, **card_facts(TYPES[task.type]),
                     "params": sum(p.numel() for p in model.parameters()), "best_epoch": result.best_epoch,
                     "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}

@@ -6,7 +6,7 @@
     model.layer_groups()                           # bottom to top, for discriminative LRs and unfreezing
     model.flops_per_token(seq_len, predicted)      # training FLOPs, for budgets and MFU
     decoder.greedy(input_ids, steps)               # where the architecture decodes (an encoder-decoder's
-                                                   # greedy(source, steps, mask, eos): KV-cached)
+                                                   # generation: lib/models/generation.py, KV-cached)
     text_encoder(model)                            # the stack task heads read
 
 The encoder (bidirectional) and the decoder (causal) are one stack (stack.py) that differ in their

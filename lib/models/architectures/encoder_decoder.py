@@ -77,8 +77,8 @@ def seq2seq_config(model: ModelConfig, shape: str, decoder_layers: int | None, v
 
 class EncoderDecoder(nn.Module):
     """(input_ids (B, S), decoder_input_ids (B, T)) -> the decoder's hidden states (B, T, d_model);
-    lm_logits turns them into next-token logits. The encoder alone (`encoder`, an Encoder) is what the
-    task heads read when the model is finetuned (text_encoder)."""
+    lm_logits turns them into next-token logits; lib/models/generation.py decodes with it. The encoder alone
+    (`encoder`, an Encoder) is what the task heads read when the model is finetuned (text_encoder)."""
 
     name: ClassVar[str] = "encoder_decoder"
     causal: ClassVar[bool] = False
@@ -114,28 +114,6 @@ class EncoderDecoder(nn.Module):
     def text_encoder(self) -> Encoder:
         """The stack a task head reads: the encoder."""
         return self.encoder
-
-    @torch.no_grad()
-    def greedy(self, input_ids: torch.Tensor, steps: int, attention_mask: torch.Tensor | None = None,
-               eos: int | None = None) -> torch.Tensor:
-        """The decoder's tokens (B, 1 + up to `steps`), from decoder_start, each the most likely after the
-        source and those before it, with a key/value cache (each step runs the decoder on one token).
-        Rows stop at `eos`: they are padded with it once they have written it, and decoding ends when
-        every row has. The model decodes in the mode it is in (eval() for its predictions)."""
-        memory = self.encoder(input_ids, attention_mask=attention_mask)
-        mask, cache = memory_mask(attention_mask), self.decoder.new_cache()
-        out = torch.full((input_ids.shape[0], 1), self.cfg.decoder_start, dtype=torch.long, device=input_ids.device)
-        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for _ in range(steps):
-            hidden = self.decoder(out[:, -1:], memory=memory, memory_mask=mask, cache=cache)
-            token = self.lm_logits(hidden[:, -1]).argmax(-1)
-            if eos is not None:
-                token = token.masked_fill(done, eos)
-                done = done | (token == eos)
-            out = torch.cat([out, token[:, None]], dim=1)
-            if eos is not None and bool(done.all()):
-                break
-        return out
 
     def layer_groups(self) -> list[list[nn.Parameter]]:
         """Bottom to top: [the token table and each stack's embedding parts], the encoder's blocks, the

@@ -91,7 +91,7 @@ class Bart(Family):
 
     def export_config(self, cfg: TransformerConfig, special_ids: dict[str, int], shift: int) -> dict:
         # dropout where ours has it (attention probabilities, each sub-layer's output), none after the activation;
-        # no forced tokens: generate() then decodes as EncoderDecoder.greedy does
+        # no forced tokens: generate() then decodes as lib.models.generation.generate does
         return dict(d_model=cfg.d_model, encoder_layers=cfg.n_layers, decoder_layers=cfg.decoder_layers,
                     encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
                     encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,

@@ -21,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from lib.config.params import FinetuneConfig, ImplConfig, Params, check_choice
+from lib.config.params import FinetuneConfig, ImplConfig, Params, ParamsError, check_choice
+from lib.tasks import task_type
 from lib.core.distributed import Context
 from lib.models.architectures import Transformer
 from lib.tasks.base import TaskData
@@ -35,6 +36,13 @@ def check_variants(params: Params) -> None:
     that finetune)."""
     for i, name in enumerate(params.finetune.variants):
         check_choice(name, VARIANTS, f"finetune.variants[{i}]")
+        if VARIANTS[name].needs_head:
+            for task in params.finetune.tasks:
+                kind = task_type(params.tasks[task])
+                if kind.headless:
+                    raise ParamsError(f"finetune.variants[{i}]: {name} trains a head on the model's states, and "
+                                      f"finetune.tasks has {task}, a {kind.name} task, which has none; "
+                                      f"leave {name} out")
 
 
 def run_variant(name: str, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig,

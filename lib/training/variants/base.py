@@ -25,6 +25,9 @@ class Variant:
     # its weights start random, not from the adapted model: pretraining's value is measured against it, and
     # the adapted model's chain is not its model's
     random_init: ClassVar[bool] = False
+    # it trains a head on the backbone's fixed or mixed states, which a headless type's model has none of
+    # (TaskType.headless: one that writes text with the pretrained LM head)
+    needs_head: ClassVar[bool] = False
 
     def run(self, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
             device: torch.device, seed: int, pad_id: int, checkpoint_dir: Path, fingerprint: str,

@@ -22,6 +22,7 @@ from lib.training.variants.base import TrainedVariant, register
 @register
 class Elmo(TrainedVariant):
     name = "elmo"
+    needs_head = True
     label = "ELMo layer mix (frozen)"
 
     def setup(self, adapted: Transformer, n_outputs: int, cfg: FinetuneConfig,

@@ -29,6 +29,7 @@ from lib.training.variants.base import Variant, register
 @register
 class Frozen(Variant):
     name = "frozen"
+    needs_head = True
     label = "frozen features + linear"
 
     def run(self, task: TaskData, metrics: list[str], adapted: Transformer, cfg: FinetuneConfig, impl: ImplConfig,
