@@ -186,3 +186,16 @@ def test_decontamination_reads_every_text_of_a_translation_record(tmp_path):
                                                                    "label_field": "translation"},
                    "kinds": {"text_field": "texts", "label_field": "texts"}}}
     assert set(eval_texts(spec, tmp_path)) == {"a red cat", "eine rote Katze"}
+
+
+def test_ulmfit_unfreezes_both_stacks_from_the_decoder_down(words):
+    """ULMFiT's groups over the whole encoder-decoder: every parameter in one group, the decoder's blocks
+    above the encoder's, so gradual unfreezing thaws the decoder first."""
+    tokenizer, special, _ = words
+    backbone = tiny(tokenizer.get_vocab_size(), special)
+    model = VARIANTS["ulmfit"].setup(backbone, 0, FinetuneConfig(tasks=[]), KIND).model
+    groups = model.layer_groups()
+    assert sorted(id(p) for group in groups for p in group) == sorted(id(p) for p in model.parameters())
+    owner = {id(p): name.split(".")[1] for name, p in model.named_parameters()}  # backbone.<stack>. ...
+    stacks = [{owner[id(p)] for p in group} for group in groups[1:-1]]
+    assert stacks == [{"encoder"}] * 2 + [{"decoder"}] * 2
