@@ -36,12 +36,12 @@ def test_default_params_load(chdir_root):
     assert params.corpora.pretrain.valid_split == "validation"
     assert set(params.tasks) == {"imdb", "sst2", "cola", "mrpc", "rte", "conll2003", "squad", "squad_v2", "stsb", "codah",
                                  "stsb_de", "stsb_fr", "stsb_ru", "xquad_en", "xquad_de", "xquad_ru", "multi30k_en_de",
-                                 "squad_gen", "sst2_t2t"}
+                                 "squad_gen", "sst2_t2t", "samsum"}
     assert {name: task.type for name, task in params.tasks.items() if task.type is not None} == {
         "conll2003": "tagging", "squad": "span_qa", "squad_v2": "span_qa", "stsb": "regression",
         "codah": "multiple_choice", "stsb_de": "regression", "stsb_fr": "regression", "stsb_ru": "regression",
         "xquad_en": "span_qa", "xquad_de": "span_qa", "xquad_ru": "span_qa", "multi30k_en_de": "seq2seq",
-        "squad_gen": "seq2seq", "sst2_t2t": "seq2seq"}
+        "squad_gen": "seq2seq", "sst2_t2t": "seq2seq", "samsum": "seq2seq"}
     assert {name: task.transfer_from for name, task in params.tasks.items() if task.transfer_from} == {
         "stsb_de": "stsb", "stsb_fr": "stsb", "stsb_ru": "stsb", "xquad_en": "squad", "xquad_de": "squad",
         "xquad_ru": "squad"}

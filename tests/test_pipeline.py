@@ -32,7 +32,8 @@ TINY = {"wikipedia_en": {"train": 40, "validation": 6}, "imdb": {"train": 150, "
         "squad_v2": {"train": 120, "validation": 40}, "stsb": {"train": 120, "validation": 40, "test": 40},
         "codah": {"train": 120, "validation": 40, "test": 40},
         **{f"stsb_multi_{language}": {"train": 40, "validation": 40, "test": 40} for language in ("de", "fr", "ru")},
-        "xquad": {"en": 30, "de": 30, "ru": 30}, "multi30k_en_de": {"train": 120, "validation": 40, "test": 40}}
+        "xquad": {"en": 30, "de": 30, "ru": 30}, "multi30k_en_de": {"train": 120, "validation": 40, "test": 40},
+        "samsum": {"train": 60, "validation": 20, "test": 20}}
 
 
 def head(path: Path, n: int) -> list[dict]:

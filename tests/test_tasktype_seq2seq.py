@@ -13,6 +13,7 @@ from lib.config.errors import UserError
 from lib.config.params import FinetuneConfig, ModelConfig, ParamsError, TaskConfig, load_params
 from lib.data.corpus import eval_texts
 from lib.data.tokenizer import saved_special_ids
+from lib.metrics.generation import generation_scores
 from lib.models.architectures import build_model
 from lib.models.architectures.encoder_decoder import seq2seq_config
 from lib.models.folder import model_folder
@@ -83,6 +84,17 @@ def test_the_baseline_copies_the_source_without_its_prefix():
                     references={"eval": pairs})
     scores, _ = KIND.baseline_scores(task, [], ["exact_match"], None)
     assert scores == {"exact_match": 0.5}
+
+
+
+def test_a_summary_s_baseline_is_its_dialogue_s_first_three_turns():
+    dialogue = "Amanda: I baked cookies.\nJerry: Sure!\nAmanda: I'll bring you some.\nJerry: Thanks."
+    pairs, _ = read_rows([{"source": dialogue, "target": "Amanda baked cookies for Jerry."}], task_config(), "t")
+    task = TaskData("toy", [], [], [], [], "test", {}, {}, type="seq2seq", info={"prefix": None},
+                    references={"eval": pairs})
+    lead3 = "Amanda: I baked cookies.\nJerry: Sure!\nAmanda: I'll bring you some."
+    assert KIND.baseline_scores(task, [], ["rouge1"], None)[0] == generation_scores(
+        ["rouge1"], [lead3], ["Amanda baked cookies for Jerry."])[0]
 
 
 def test_encoding_ends_both_sides_with_eos_and_counts_the_cut(words):

@@ -201,6 +201,9 @@ LAYOUTS = {  # (repo, config) -> layout; the revision is the source's own
     # validation), one field per language where the copy has the translation layout. The revision is the hub's
     # commit history's; its rows were not compared with the copy's (no network here)
     ("bentrevett/multi30k", None): Layout("multi30k_en_de", ("translation",), convert=translation_row("en", "de")),
+    # hf:knkarthick/samsum@2a6b79b3e3c939aebb149d9109d7cdb78a9c2d3b (its head; the data files are unchanged
+    # since f804067, 2022-06-29): the CSV re-upload of SAMSum that the copy was made from (its PROVENANCE.md)
+    ("knkarthick/samsum", None): Layout("samsum", ("dialogue", "summary", "id")),
     # No hub dataset holds Multi30k's English-French text alone: romrawinjp/multi30k has it beside the images
     # (10.5 GB to stream for 4 MB of text), HWU-F21NL-multi30k has no test split and token ids of its own. So
     # multi30k_en_fr is read as the local folder it is (../shared/data/multi30k_en_fr), as any local source.

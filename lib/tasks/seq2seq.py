@@ -37,7 +37,7 @@ from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, FinetuneConfig, TaskConfig
 from lib.data.encoding import pad_rows
 from lib.data.tokenizer import saved_special_ids
-from lib.metrics.generation import GENERATION_METRICS, copy_source, generation_scores
+from lib.metrics.generation import GENERATION_METRICS, ROUGE_TYPES, copy_source, generation_scores, lead
 from lib.models.architectures import EncoderDecoder, Transformer
 from lib.models.config import TransformerConfig
 from lib.models.folder import load_model, write_model
@@ -199,7 +199,7 @@ class Seq2Seq(Baselined, Reported, TaskType):
     named_labels = True  # label_names: the words an integer label is written as (text-to-text classification)
     headless = True
     baseline = "copy_source"
-    baseline_label = "copying the source"
+    baseline_label = "copying the source (a summary: its first 3 sentences)"
     baseline_fits = False
     field_kinds = {"text_field": "texts", "text_pair_field": "texts", "label_field": "texts"}
     timed = ("one source of {seq_len} tokens per call, the decoder writing as many tokens as the mean training "
@@ -298,13 +298,15 @@ class Seq2Seq(Baselined, Reported, TaskType):
 
     def baseline_scores(self, task: TaskData, train: list[Pair], metrics: list[str],
                         settings: EvaluateConfig) -> tuple[dict[str, float], dict[str, Any]]:
-        """The source itself as the output (without the task prefix): what a translation shares with its
-        source untranslated (names, numbers, cognates) and an answer with its question and paragraph,
-        learned from nothing."""
+        """The source itself as the output (without the task prefix), learned from nothing: what a
+        translation shares with its source untranslated (names, numbers, cognates) and an answer with its
+        question and paragraph. A task scored by ROUGE is a summary's, whose classic floor is its first
+        three sentences (lead-3; a dialogue's first three turns), not the whole source."""
         pairs = task.references["eval"]
         prefix = task.info["prefix"] or ""
-        scores, signatures = generation_scores(metrics, copy_source([p.source[len(prefix):] for p in pairs]),
-                                               [p.references for p in pairs])
+        sources = [p.source[len(prefix):] for p in pairs]
+        copied = lead(sources, 3) if set(metrics) & set(ROUGE_TYPES) else copy_source(sources)
+        scores, signatures = generation_scores(metrics, copied, [p.references for p in pairs])
         return scores, {SIGNATURES.name: signatures}
 
     def report_section(self, result: Any, row_label: Callable[[str, Any], str]) -> list[str]:
