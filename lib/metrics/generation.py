@@ -20,8 +20,6 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from rouge_score.rouge_scorer import RougeScorer
-from sacrebleu.metrics import BLEU, CHRF
 
 from lib.metrics.scores import squad_scores
 
@@ -40,6 +38,7 @@ def bleu(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
     one sentence, sinks it). The signature ("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...") goes
     beside the score so that it reads as comparable, or not, with a published one."""
     _check_pairs(hypotheses, references)
+    from sacrebleu.metrics import BLEU  # here: every stage imports the task types, few score text
     metric = BLEU()
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
@@ -51,6 +50,7 @@ def chrf(hypotheses: list[str], references: list[str]) -> tuple[float, str]:
     inflections, French's agreement): a word with the right stem and the wrong ending still earns most of
     its character n-grams."""
     _check_pairs(hypotheses, references)
+    from sacrebleu.metrics import CHRF
     metric = CHRF()
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
@@ -69,6 +69,7 @@ def rouge(hypotheses: list[str], references: list[str]) -> dict[str, float]:
     what BART and PEGASUS report as ROUGE-L on summarization. Sentences are `sentences`' on both sides:
     rouge-score only splits on newlines, and a model writes its summary on one line."""
     _check_pairs(hypotheses, references)
+    from rouge_score.rouge_scorer import RougeScorer  # nltk's stemmer: over a second to import
     scorer = RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
     for hypothesis, reference in zip(hypotheses, references):
