@@ -22,7 +22,6 @@ generative QA), on a pretrained encoder-decoder (objective t5 or bart, or init f
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch import nn
 
 from lib.config.errors import UserError
 from lib.config.params import EvaluateConfig, FinetuneConfig, TaskConfig
+from lib.core.io import write_json
 from lib.data.encoding import pad_rows
 from lib.data.tokenizer import saved_special_ids
 from lib.metrics.generation import GENERATION_METRICS, ROUGE_TYPES, copy_source, generation_scores, lead
@@ -250,8 +250,7 @@ class Seq2Seq(Baselined, Reported, TaskType):
         family, why = export_family(model.backbone.cfg)
         line = f"{EXPORTED}{family.lm_classes[0]}" if family else f"lib layout only: {why}"
         write_model(model.backbone, folder, saved_special_ids(folder))
-        (folder / META_FILE).write_text(json.dumps({**meta, "transformers": line}, indent=2, sort_keys=True) + "\n",
-                                        encoding="utf-8")
+        write_json(folder / META_FILE, {**meta, "transformers": line})
         return line
 
     # training -----------------------------------------------------------------------------------
