@@ -352,7 +352,7 @@ def test_multiple_choice_soft_loss_is_over_a_questions_choices():
 
 
 def test_teacher_outputs_of_per_token_and_choice_types():
-    """Tagging: per example (T_i, n_tags), its length only; multiple choice: (N, n_choices) scores, and
+    """Tagging: per example (T_i, n_tags), its length only; multiple choice: per example (n_choices,) scores, and
     the states per choice sequence, each cropped to that sequence's length."""
     task = tagging_task(20)
     teacher = TaskModel(backbone(n_layers=2), HeadConfig(3, "tokens", block=False, dropout=0.0)).eval()
@@ -368,14 +368,15 @@ def test_teacher_outputs_of_per_token_and_choice_types():
     task = choice_task(10)
     teacher = TaskModel(backbone(n_layers=2), HeadConfig(1, "token", block=False, dropout=0.0)).eval()
     cache = teacher_outputs(teacher, task, task.train, [2], [1], 4, PAD, torch.device("cpu"), IMPL)
-    assert cache.logits.shape == (10, 3) and len(cache.hidden) == 30 and cache.summary.shape == (30, 1, 32)
+    assert len(cache.logits) == 10 and cache.logits[0].shape == (3,)
+    assert len(cache.hidden) == 30 and cache.summary.shape == (30, 1, 32)
     q = task.train[4]
     for c in range(3):
         ids = torch.tensor([q.ids[c]])
         with torch.no_grad():
             score, (_, states) = teacher(ids, torch.tensor([q.segments[c]]), torch.ones_like(ids, dtype=torch.bool),
                                          output_hidden_states=True)
-        torch.testing.assert_close(cache.logits[4, c], score[0, 0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache.logits[4][c], score[0, 0], atol=1e-5, rtol=1e-5)
         assert cache.hidden[4 * 3 + c].shape == (1, len(q.ids[c]), 32)
         torch.testing.assert_close(cache.summary[4 * 3 + c, 0], states[1][0, 0], atol=1e-5, rtol=1e-5)
 

@@ -201,15 +201,16 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
     """`dvc exp run -S objective=t5`: the same tokenizer (its sentinels are in every vocabulary), an
     encoder-decoder pretrained and adapted by span corruption and written as a T5 that transformers loads
     with our logits; its encoder finetuned on SST-2, distilled and scored, and the whole model finetuned
-    to translate (a seq2seq task) and scored by BLEU from its generations, to the report."""
+    to translate (a seq2seq task), distilled by word-level and then by sequence-level KD, and scored by BLEU
+    from its generations, to the report."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from lib.models.folder import load_model
 
     repo = copy_reproduced(reproduced, tmp_path)
     out = run(repo, "dvc", "exp", "run", "-S", "objective=t5", "-S", "finetune.variants=[plain]",
-              "-S", "finetune.tasks=[sst2,multi30k_en_de,sst2_t2t]", "-S", "distill.tasks=[sst2]",
-              "-S", "tasks.multi30k_en_de.max_target_len=24", "-n", "t5")
+              "-S", "finetune.tasks=[sst2,multi30k_en_de,sst2_t2t]", "-S", "distill.tasks=[sst2,multi30k_en_de]",
+              "-S", "distill.decoder_layers=1", "-S", "tasks.multi30k_en_de.max_target_len=24", "-n", "t5")
     assert "Running stage 'pretrain'" in out and "Running stage 'tokenizer'" not in out
     for stage in ("pretrain", "adapt"):
         metrics = json.loads((repo / f"metrics/{stage}.json").read_text())
@@ -230,7 +231,13 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
     test = evaluated["multi30k_en_de"]["splits"]["test"]
     assert test["signatures"]["teacher"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert test["decoding"]["teacher"] == {"num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 24}
-    assert set(test["scores"]) == {"teacher", "plain", "copy_source"}
+    assert set(test["scores"]) == {"teacher", "plain", "student", "copy_source"}
+    distilled = json.loads((repo / "metrics/distill.json").read_text())["multi30k_en_de"]
+    assert distilled["metric"] == "bleu" and distilled["teacher_blocks"] == [0, 2]  # 1 + 1 of the 2 + 2 layers
+    assert distilled["layer_map"] == [3]  # the decoder's first, numbered after the encoder's two
+    assert "teacher_targets" not in distilled["transfer"]
+    student = json.loads((repo / "models/distill/multi30k_en_de/config.json").read_text())
+    assert student["architectures"] == ["T5ForConditionalGeneration"] and student["num_decoder_layers"] == 1
     assert set(evaluated["sst2_t2t"]["splits"]["validation"]["scores"]["teacher"]) == {"exact_match"}
     report = (repo / "reports/summary.md").read_text()
     assert "| teacher (best finetuned) | test | 4 beams, length penalty 1 | 24 |" in report
@@ -245,3 +252,11 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
                                    num_beams=1, max_new_tokens=8)
     written = generate(load_model(folder), source, None, Decoding(max_new_tokens=8), eos=theirs.config.eos_token_id)
     assert [row[:len(w)] for row, w in zip(expected[:, 1:].tolist(), written)] == written
+    # sequence-level KD: only the students' stages run again
+    out = run(repo, "dvc", "exp", "run", "-S", "distill.tasks=[multi30k_en_de]", "-S", "distill.targets=teacher",
+              "-n", "t5-seqkd")
+    assert "Running stage 'distill'" in out and "Running stage 'finetune'" not in out
+    distilled = json.loads((repo / "metrics/distill.json").read_text())["multi30k_en_de"]
+    assert distilled["transfer"]["teacher_targets"] == distilled["transfer"]["labeled"]
+    assert "student" in json.loads((repo / "metrics/evaluate.json").read_text())["multi30k_en_de"]["splits"]["test"][
+        "scores"]

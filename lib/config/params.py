@@ -685,7 +685,8 @@ class DistillConfig(OptimizerConfig):
     """A smaller student per task, trained on the finetuned teacher's outputs (DistilBERT, Patient-KD)."""
 
     tasks: list[str] | None = None  # each must be in finetune.tasks; null = every task finetune trains; [] = none
-    layers: int = 2  # student depth
+    layers: int = 2  # student depth (an encoder-decoder's encoder)
+    decoder_layers: int | None = None  # an encoder-decoder student's decoder depth; null = layers
     width: float = 1.0  # student d_model as a share of the teacher's; < 1 starts from random weights
     init: Literal["every_other", "bottom", "random"] = "every_other"  # which teacher blocks the student copies
     layer_map: list[int] | None = None  # teacher layer (1..n) each student layer imitates; null = its init's
@@ -696,6 +697,10 @@ class DistillConfig(OptimizerConfig):
     hidden_loss: Literal["cosine", "mse"] = "cosine"
     hidden_layers: Literal["last", "all"] = "last"  # DistilBERT matches the last layer only
     pkd_weight: float = 0.0  # Patient-KD: normalised pooled states of the intermediate mapped layers
+    # seq2seq: the student's targets, the gold ones (word-level KD: soft is per target token) or the teacher's
+    # beam outputs on the training sources (sequence-level KD, Kim & Rush 2016)
+    targets: Literal["gold", "teacher"] = "gold"
+    top_k: int = 8  # seq2seq word-level KD: the teacher's k likeliest tokens per target position are its target
     unlabeled: dict[str, str] = field(default_factory=dict)  # task -> split of its source labeled by the teacher
     max_unlabeled: int | None = 3000  # per task, fixed by text hash; null = all
     epochs: int = 3
@@ -706,7 +711,9 @@ class DistillConfig(OptimizerConfig):
 
     def validate(self, key: str) -> None:
         self.check_optimizer(key)
-        at_least_one(self, key, "layers", "epochs", "batch_size", "patience")
+        at_least_one(self, key, "layers", "epochs", "batch_size", "patience", "top_k")
+        if self.decoder_layers is not None and self.decoder_layers < 1:
+            raise ParamsError(f"{key}.decoder_layers: {self.decoder_layers} must be >= 1 (or null: as many as layers)")
         if self.tasks is not None and len(set(self.tasks)) != len(self.tasks):
             raise ParamsError(f"{key}.tasks: {self.tasks} must be a list without repeats ([]: no students; null: "
                               "every task in finetune.tasks)")

@@ -170,8 +170,11 @@ def _training_row(stage: str, params: Params, m: dict[str, Any], upstream: Path 
     imitated = f"{_noun(len(teacher['layer_map']), 'layer')} {', '.join(map(str, teacher['layer_map']))}"
     unlabeled = (f" + {transfer['unlabeled']:,} {params.distill.unlabeled[m['task']]} texts it labeled"
                  if transfer.get("unlabeled") else "")
+    stacks = m["student_layers"]  # an encoder-decoder's blocks and layers are numbered through both stacks
+    depth = (_count(stacks[0], "layer") if len(stacks) == 1 else
+             f"{' + '.join(map(str, stacks))} layers (encoder + decoder)")
     return [stage, f"student of the `{teacher['variant']}` teacher (seed {teacher['seed']}), "
-                   f"{_count(params.distill.layers, 'layer')} from {copied}, imitating its {imitated}: the epoch "
+                   f"{depth} from {copied}, imitating its {imitated}: the epoch "
                    f"with the best dev score kept ({m['best_epoch']} of at most {params.distill.epochs})",
             _source(task.source, f"{transfer['labeled']:,} {task.train_split} examples{unlabeled}{eval_split}")]
 

@@ -34,7 +34,7 @@ No other file names a type (tests/test_layout.py fails on a type's name as a str
 """
 from typing import Any
 
-from lib.config.params import Params, ParamsError, TaskConfig, check_choice
+from lib.config.params import DistillConfig, Params, ParamsError, TaskConfig, check_choice
 from lib.tasks import classification, multiple_choice, regression, seq2seq, span_qa, tagging
 from lib.tasks.base import TaskType
 from lib.tasks.capabilities import Distilled, UnlabeledTransfer, ZeroShot
@@ -101,11 +101,13 @@ def check_tasks(params: Params) -> None:
         if not isinstance(kind, ZeroShot):
             raise ParamsError(f"evaluate.zero_shot.{name}: {name} is {kind.name}, which has no zero-shot prompting: "
                               "remove the entry")
-    for i, name in enumerate(params.distill.tasks or ()):  # Params.validate: tasks (null: finetune's, filled in)
+    distill = params.distill
+    for i, name in enumerate(distill.tasks or ()):  # Params.validate: tasks (null: finetune's, filled in)
         kind = task_type(params.tasks[name])
         if not isinstance(kind, Distilled):
             raise ParamsError(f"distill.tasks[{i}]: '{name}' is a {kind.name} task, which has no distillation; "
                               "list distill.tasks without it ([] for no students)")
+        check_distilled(kind, name, distill)
     for name, split in params.distill.unlabeled.items():  # Params.validate: every name is a task's
         kind = task_type(params.tasks[name])
         if not isinstance(kind, UnlabeledTransfer):
@@ -117,3 +119,18 @@ def check_tasks(params: Params) -> None:
             if not kind.aux_lm:
                 raise ParamsError(f"finetune.aux_lm_weight: the auxiliary LM loss is not for {kind.name} tasks, and "
                                   f"finetune.tasks has {task}; set it to 0")
+
+
+def check_distilled(kind: Distilled, name: str, distill: DistillConfig) -> None:
+    """What distill asks of the type of task `name`: sequence-level KD of a type that writes its outputs
+    with a decoder (Distilled.generates), Patient-KD and a layer map of one that does not."""
+    if kind.generates:
+        if distill.pkd_weight > 0:
+            raise ParamsError(f"distill.pkd_weight: Patient-KD compares a sequence's summary states, which a "
+                              f"{kind.name} task ({name}) has none of; set it to 0 or leave {name} out of distill.tasks")
+        if distill.layer_map is not None:
+            raise ParamsError(f"distill.layer_map: a {kind.name} student ({name}) imitates the teacher's decoder "
+                              "layers it starts from; set layer_map: null")
+    elif distill.targets == "teacher":
+        raise ParamsError(f"distill.targets: teacher (sequence-level KD) is for tasks whose outputs are written "
+                          f"text, and {name} is a {kind.name} task; set targets: gold or list seq2seq tasks only")

@@ -65,13 +65,48 @@ class Served:
 
 
 class Distilled:
-    """lib/training/distill trains a student on its teacher's outputs."""
+    """lib/training/distill trains a student on its teacher's outputs: what it keeps of them, how it batches
+    them and the loss against them, by default a type's output vector per example (or per token, where the
+    type's `per_token`) and the KL of the tempered distributions over its last dimension."""
+
+    # The type writes its outputs with a decoder (seq2seq): the state losses compare the decoder's states at
+    # the target's positions, the teacher can write the student's targets (distill.targets: teacher), and
+    # there is no summary state for Patient-KD
+    generates = False
+
+    def kept_outputs(self, outputs: torch.Tensor, examples: list, top_k: int) -> list[torch.Tensor]:
+        """What distillation keeps of the teacher's outputs (float32, on the CPU) on a batch of `examples`,
+        one tensor per example: its row, or a per-token type's rows of the example's tokens. `top_k`: see
+        DistillConfig (a vocabulary's distribution is kept as its likeliest tokens)."""
+        if self.per_token:  # TaskType's, beside which a type declares the capability
+            return [row[:len(e.ids)] for row, e in zip(outputs, examples)]
+        return list(outputs)
+
+    def batch_targets(self, kept: list[torch.Tensor], length: int) -> torch.Tensor:
+        """The kept outputs of a batch's examples as soft_loss reads them: stacked, or for a per-token type
+        (B, length, n_outputs), padded with 0."""
+        if not self.per_token:
+            return torch.stack(kept)
+        target = torch.zeros(len(kept), length, kept[0].shape[-1])
+        for row, out in enumerate(kept):
+            target[row, :len(out)] = out
+        return target
+
+    def state_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(sequences, T) True where the state losses compare states: the real tokens of the sequences the
+        model runs, a multiple-choice batch's (B, n_choices, T) flattened as its type's forward flattens it."""
+        mask = batch["attention_mask"]
+        return mask.flatten(0, 1) if mask.dim() == 3 else mask
 
     def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
                   temperature: float) -> torch.Tensor:
-        """The student's loss against the teacher's outputs on a batch (padded alike), a mean over the
-        units TaskType.units counts: by default KL over the last dimension (classes, choices)."""
+        """The student's loss against the teacher's outputs on a batch (as batch_targets gives them), a mean
+        over the units TaskType.units counts: by default KL over the last dimension (classes, choices)."""
         return soft_loss(student, teacher, temperature)
+
+    def with_targets(self, examples: list, written: list, task: TaskData) -> list:
+        """A generating type's `examples` with the teacher's predictions (`written`) as their targets."""
+        raise NotImplementedError
 
 
 class UnlabeledTransfer(Distilled):

@@ -20,12 +20,14 @@ from lib.tasks.model import TaskModel
 
 def predict_all(model: TaskModel, task: TaskData, examples: list, batch_size: int, pad_id: int, device: torch.device,
                 impl: ImplConfig, context: Context = Context(),
-                read: Callable[[torch.Tensor, list], list] | None = None) -> list:
+                read: Callable[[torch.Tensor, list], list] | None = None,
+                on_batch: Callable[[], None] = lambda: None) -> list:
     """The task type's prediction for each of `examples` (in their order: TaskType.predict_batch per
     batch), the model in eval mode and reading them as text in the task's language (TaskModel.read_as);
     `read`: instead, what to keep of a batch's forward outputs (on the CPU) for its examples
     (TextClassifier: the class probabilities). Under torchrun each rank predicts every world-th batch,
-    in step with the others (a sharded model's forward is a collective), and every rank gets all of them."""
+    in step with the others (a sharded model's forward is a collective), and every rank gets all of them.
+    on_batch: called after each of this rank's batches (a progress line)."""
     model.eval()
     model.read_as(task.language)
     kind = TYPES[task.type]
@@ -36,10 +38,11 @@ def predict_all(model: TaskModel, task: TaskData, examples: list, batch_size: in
         part = [examples[i] for i in group]
         batch = move(kind.collate(part, pad_id, task), device)
         with runtime.autocast(device, precision):
-            if read is None:
-                return kind.predict_batch(model, batch, part, task)
-            outputs, _ = kind.forward(model, batch)
-        return read(outputs.cpu(), part)
+            predicted = kind.predict_batch(model, batch, part, task) if read is None else kind.forward(model, batch)[0]
+        if read is not None:
+            predicted = read(predicted.cpu(), part)
+        on_batch()
+        return predicted
 
     groups = batch_indices(examples, batch_size)
     predictions: list = [None] * len(examples)

@@ -44,7 +44,7 @@ from lib.models.folder import load_model, write_model
 from lib.models.generation import Decoding, generate
 from lib.models.hf import export_family
 from lib.tasks.base import TaskData, TaskType, read_split
-from lib.tasks.capabilities import Baselined, Extra, Reported
+from lib.tasks.capabilities import Baselined, Distilled, Extra, Reported
 from lib.tasks.model import EXPORTED, META_FILE, HeadConfig, HeadStyle
 
 IGNORE = -100  # a label position the loss skips (padding)
@@ -74,7 +74,7 @@ class Seq2SeqModel(nn.Module):
     head. It offers what the fit loop and scoring use of lib.tasks.model.TaskModel: `backbone`, `mix`
     (none), `read_as` and `layer_groups`."""
 
-    mix = None
+    mix = head_cfg = None
 
     def __init__(self, backbone: EncoderDecoder):
         super().__init__()
@@ -82,10 +82,15 @@ class Seq2SeqModel(nn.Module):
         self.language: int | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_input_ids: torch.Tensor,
-                predicted: torch.Tensor) -> torch.Tensor:
-        """(N, vocab) next-token logits at the `predicted` positions (B, T bool) of the decoder's input."""
-        hidden = self.backbone(input_ids, decoder_input_ids, attention_mask=attention_mask)
-        return self.backbone.lm_logits(hidden[predicted])
+                predicted: torch.Tensor, output_hidden_states: bool = False):
+        """(N, vocab) next-token logits at the `predicted` positions (B, T bool) of the decoder's input; with
+        output_hidden_states, also the decoder's states (its embedding output and each layer's, (B, T, d))."""
+        hidden = self.backbone(input_ids, decoder_input_ids, attention_mask=attention_mask,
+                               output_hidden_states=output_hidden_states)
+        if not output_hidden_states:
+            return self.backbone.lm_logits(hidden[predicted])
+        hidden, states = hidden
+        return self.backbone.lm_logits(hidden[predicted]), states[-(self.backbone.cfg.decoder_layers + 1):]
 
     def read_as(self, language: str | None) -> str | None:
         """An encoder-decoder has no language embeddings (lib.models.architectures.encoder_decoder): every
@@ -190,7 +195,7 @@ def decoding(task: TaskData, tokens: int) -> Decoding:
                     max_new_tokens=tokens)
 
 
-class Seq2Seq(Baselined, Reported, TaskType):
+class Seq2Seq(Distilled, Baselined, Reported, TaskType):
     """Generation on an encoder-decoder; see the module docstring."""
 
     name = "seq2seq"
@@ -198,6 +203,7 @@ class Seq2Seq(Baselined, Reported, TaskType):
     default_metrics = ("bleu", "chrf")
     named_labels = True  # label_names: the words an integer label is written as (text-to-text classification)
     headless = True
+    generates = True
     baseline = "copy_source"
     baseline_label = "copying the source (a summary: its first 3 sentences)"
     baseline_fits = False
@@ -264,13 +270,46 @@ class Seq2Seq(Baselined, Reported, TaskType):
         return len(example.target)
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor], output_hidden_states: bool = False):
+        """(the next-token logits at the target's tokens (N, vocab), None or (None, the decoder's states))."""
         labels = batch["labels"]
         decoder_input_ids = decoder_inputs(labels, _unwrapped(model).backbone.cfg.decoder_start)
-        return model(batch["input_ids"], batch["attention_mask"], decoder_input_ids, labels != IGNORE), None
+        out = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids, labels != IGNORE,
+                    output_hidden_states)
+        return (out[0], (None, out[1])) if output_hidden_states else (out, None)
 
     def loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor], task: TaskData) -> torch.Tensor:
         labels = batch["labels"]
         return F.cross_entropy(outputs.float(), labels[labels != IGNORE])
+
+    # distillation ------------------------------------------------------------------------------
+    def kept_outputs(self, outputs: torch.Tensor, examples: list[Example], top_k: int) -> list[torch.Tensor]:
+        """Per example (target tokens, 2 top_k): the teacher's top_k largest logits at each target token, then
+        their token ids (as floats, exact below 2^24): word-level KD's target is the teacher's distribution
+        over these, not the whole vocabulary's, which a transfer set of translations could not hold in memory
+        (Tan et al. 2019 keep the top 8)."""
+        values, ids = outputs.topk(min(top_k, outputs.shape[-1]), dim=-1)
+        return list(torch.cat([values, ids.float()], -1).split([len(e.target) for e in examples]))
+
+    def batch_targets(self, kept: list[torch.Tensor], length: int) -> torch.Tensor:
+        return torch.cat(kept)  # the target tokens in the order the outputs hold them
+
+    def state_mask(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return batch["labels"] != IGNORE  # the decoder's states at the target's tokens
+
+    def soft_loss(self, student: torch.Tensor, teacher: torch.Tensor, batch: dict[str, torch.Tensor],
+                  temperature: float) -> torch.Tensor:
+        """Word-level KD (Kim & Rush 2016): per target token, KL(teacher_T || student_T) over the teacher's
+        kept tokens (its distribution renormalised over them; the student's log-probabilities over the whole
+        vocabulary), times T^2, averaged over the target tokens."""
+        values, ids = teacher.chunk(2, dim=-1)
+        target = F.log_softmax(values / temperature, -1)
+        student = F.log_softmax(student / temperature, -1).gather(-1, ids.long())
+        return (target.exp() * (target - student)).sum(-1).mean() * temperature**2
+
+    def with_targets(self, examples: list[Example], written: list[list[int]], task: TaskData) -> list[Example]:
+        """The teacher's generations, ended by eos, as the targets (cut to max_target_len as encode cuts)."""
+        eos, limit = task.special["eos"], task.info["max_target_len"]
+        return [Example(e.ids, [*ids[:limit - 1], eos]) for e, ids in zip(examples, written)]
 
     # scoring -----------------------------------------------------------------------------------
     def predict_batch(self, model: nn.Module, batch: dict[str, torch.Tensor], examples: Sequence[Example],

@@ -4,8 +4,9 @@ type (lib/tasks).
 The student is the teacher's architecture with fewer layers, optionally narrower. At the teacher's
 width it starts from the teacher: embeddings, final norm, heads, and a choice of its blocks, either
 spread from the first to the last (DistilBERT's "one layer out of two": for 12 -> 6 layers, blocks
-0, 2, 4, 7, 9, 11) or the bottom k. A narrower student starts from random weights, and learned
-projections carry its states to the teacher's width for the state losses.
+0, 2, 4, 7, 9, 11) or the bottom k, in each stack of an encoder-decoder (distill.layers for the encoder,
+decoder_layers for the decoder, whose depth sets the time per generated token). A narrower student starts
+from random weights, and learned projections carry its states to the teacher's width for the state losses.
 
 The loss is a weighted sum of
 - soft: the teacher's outputs as targets, in the form that fits the task's type (Distilled.soft_loss):
@@ -14,10 +15,14 @@ The loss is a weighted sum of
   choices (multiple_choice), over the tags at each tagged position (tagging: a word's first subword,
   averaged over the tagged words, as the type's loss), or over the candidate positions of the start
   and of the end (span_qa, the mean of the two); for regression the MSE between the student's and
-  the teacher's standardised score (no temperature: there is no distribution to soften);
-- hard: the type's own loss (lib/tasks) with the gold labels, on the labeled examples only;
+  the teacher's standardised score (no temperature: there is no distribution to soften); for seq2seq
+  word-level KD (Kim & Rush 2016), per target token over the teacher's top_k likeliest tokens;
+- hard: the type's own loss (lib/tasks) with the gold labels, on the labeled examples only; for seq2seq
+  with distill.targets teacher, sequence-level KD (Kim & Rush 2016): the targets are the teacher's own
+  generations on the training sources (its beams), written once before the first epoch;
 - hidden: per real token, 1 - cosine (DistilBERT) or the MSE (TinyBERT) between a student layer's
-  output and the teacher layer it imitates: the last layer only, or every student layer;
+  output and the teacher layer it imitates: the last layer only, or every student layer (seq2seq: the
+  decoder's layers, at the target's tokens);
 - pkd: Patient-KD (Sun et al. 2019), the squared distance between the L2-normalised summary states
   ([CLS], or a causal model's last token) of the intermediate layers.
 The state losses read every sequence the model runs: multiple choice runs one per choice, so there
@@ -32,6 +37,7 @@ the same student, since batch order and dropout come from the seed and the saved
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import re
@@ -52,12 +58,14 @@ from lib.core.progress import Progress
 from lib.data.encoding import batch_indices
 from lib.evaluation.efficiency import parameter_count
 from lib.models.architectures import build_model
+from lib.models.architectures.encoder_decoder import Seq2SeqConfig
+from lib.models.config import TransformerConfig
 from lib.tasks import DEFAULT_TYPE, TYPES
 from lib.tasks.base import TaskType, move
 from lib.tasks.base import UNLABELED, TaskData
 from lib.tasks.capabilities import Distilled, UnlabeledTransfer
 from lib.tasks.model import TaskModel
-from lib.tasks.scoring import score_split
+from lib.tasks.scoring import predict_all, score_split
 from lib.training.epoch_loop import EpochLoop
 from lib.training.finetune import run_name
 from lib.training.optim import Schedule, optimizer_and_schedule
@@ -65,9 +73,10 @@ from lib.training.optim import Schedule, optimizer_and_schedule
 
 @dataclass
 class TeacherOutputs:
-    # (N, n_outputs) float32 for a type with one output vector per example (classification (N, n_classes),
-    # regression (N, 1), multiple choice (N, n_choices)); per example (T_i, n_outputs) for a per-token type
-    logits: torch.Tensor | list[torch.Tensor]
+    # per example, what its type keeps of the teacher's outputs (Distilled.kept_outputs): float32 (n_outputs,)
+    # for a type with one output vector per example (classification's classes, regression's score, multiple
+    # choice's choices), (T_i, n_outputs) for a per-token type, the likeliest tokens per target token for seq2seq
+    logits: list[torch.Tensor]
     # per sequence (n_hidden_layers, T_s, d) bfloat16, its real tokens only; empty without a hidden loss.
     # A sequence is an example, or one choice of a multiple-choice example: example i's S sequences
     # are i * S ... i * S + S - 1
@@ -86,24 +95,57 @@ class DistillResult:
     seconds: float  # training the student (over every resumed part) and scoring it
     teacher_seconds: float  # the teacher's outputs on the transfer set and its scores
     transfer: dict[str, int]  # {"labeled": n, "unlabeled": m}
-    teacher_blocks: list[int]  # the teacher blocks (0-based) the student starts from; [] = random init
-    layer_map: list[int]  # the teacher layer (1-based) each student layer imitates
+    # the teacher blocks (0-based) the student starts from, [] for a random init, and the teacher layer
+    # (1-based) each student layer imitates (an encoder-decoder's: each decoder layer); both numbered through
+    # the encoder, then the decoder
+    teacher_blocks: list[int]
+    layer_map: list[int]
     student_params: int
     teacher_params: int
 
 
-def student_plan(cfg: DistillConfig, n_teacher: int) -> tuple[list[int], list[int]]:
+def student_plan(cfg: DistillConfig, n_teacher: int, layers: int | None = None,
+                 key: str = "layers") -> tuple[list[int], list[int]]:
     """(teacher blocks the student copies, 0-based, [] for a random init; the teacher layer, 1-based,
-    each student layer imitates: cfg.layer_map, or the layer of the block it copies)."""
-    k = cfg.layers
+    each student layer imitates: cfg.layer_map, or the layer of the block it copies), for a stack of
+    `layers` (cfg.layers) student blocks over n_teacher teacher blocks; `key`: the depth's in distill."""
+    k = layers or cfg.layers
     if k > n_teacher:
-        raise UserError(f"distill.layers: {k} is more than the teacher's {n_teacher} layers; use at most {n_teacher}")
+        raise UserError(f"distill.{key}: {k} is more than the teacher's {n_teacher} layers; use at most {n_teacher}")
     spread = list(range(k)) if cfg.init == "bottom" else [round(i * (n_teacher - 1) / max(1, k - 1)) for i in range(k)]
     layer_map = cfg.layer_map or [b + 1 for b in spread]
     for i, layer in enumerate(layer_map):
         if not 1 <= layer <= n_teacher:
             raise UserError(f"distill.layer_map[{i}]: {layer} is not a teacher layer (1..{n_teacher})")
     return ([] if cfg.init == "random" else spread), layer_map
+
+
+def block_stacks(cfg: TransformerConfig) -> list[tuple[str, int]]:
+    """A task model's stacks of blocks, bottom first: (their state-dict prefix, depth). The last is the one
+    whose states the state losses compare: an encoder-decoder's decoder, whose states are at the outputs'
+    positions."""
+    if isinstance(cfg, Seq2SeqConfig):
+        return [("backbone.encoder.blocks", cfg.n_layers), ("backbone.decoder.blocks", cfg.decoder_layers)]
+    return [("backbone.blocks", cfg.n_layers)]
+
+
+def student_depths(cfg: DistillConfig, teacher: TransformerConfig) -> dict[str, int]:
+    """The student's depth per stack as its config's fields: cfg.layers, and an encoder-decoder's decoder's."""
+    if isinstance(teacher, Seq2SeqConfig):
+        return {"n_layers": cfg.layers, "decoder_layers": cfg.decoder_layers or cfg.layers}
+    return {"n_layers": cfg.layers}
+
+
+def student_layout(cfg: DistillConfig, teacher: TransformerConfig) -> tuple[list[int], list[int], int]:
+    """(the teacher blocks the student copies, numbered through the teacher's stacks bottom up; the teacher
+    layer each student layer of the last stack imitates, numbered within that stack; the teacher layers
+    below that stack): student_plan per stack."""
+    blocks, below = [], 0
+    for (key, k), (_, n) in zip(student_depths(cfg, teacher).items(), block_stacks(teacher)):
+        copied, layer_map = student_plan(cfg, n, k, "layers" if key == "n_layers" else key)
+        blocks += [below + b for b in copied]
+        below += n
+    return blocks, layer_map, below - n
 
 
 def student_schedule(cfg: DistillConfig) -> Schedule:
@@ -113,21 +155,27 @@ def student_schedule(cfg: DistillConfig) -> Schedule:
 
 def build_student(teacher: TaskModel, cfg: DistillConfig, blocks: list[int],
                   kind: TaskType = TYPES[DEFAULT_TYPE]) -> TaskModel:
-    """The student's model, as task type `kind` builds it: the teacher's config with cfg.layers layers (and
-    cfg.width) and its head, the teacher's weights where `blocks` names which of its blocks to copy."""
+    """The student's model, as task type `kind` builds it: the teacher's config with cfg's depths (and
+    cfg.width) and its head, the teacher's weights where `blocks` (numbered through the teacher's stacks, as
+    student_layout gives them) names which of its blocks to copy."""
     t = teacher.backbone.cfg
-    if cfg.width == 1.0:
-        s = dataclasses.replace(t, n_layers=cfg.layers)
-    else:
-        s = dataclasses.replace(t.scaled(cfg.width), n_layers=cfg.layers, embedding_size=None)
-    student = kind.build_model(build_model(s), dataclasses.replace(teacher.head_cfg))
+    depths = student_depths(cfg, t)
+    s = dataclasses.replace(t, **depths) if cfg.width == 1.0 else dataclasses.replace(
+        t.scaled(cfg.width), embedding_size=None, **depths)
+    student = kind.build_model(build_model(s), copy.copy(teacher.head_cfg))
     student.language = teacher.language
     if blocks:
-        source, n_blocks = teacher.state_dict(), len(teacher.backbone.blocks)  # 1 block when layers are shared
-        copied = {}
-        for name in student.state_dict():
-            block = re.match(r"backbone\.blocks\.(\d+)\.(.*)", name)
-            copied[name] = source[f"backbone.blocks.{blocks[int(block[1])] % n_blocks}.{block[2]}" if block else name]
+        source = teacher.state_dict()
+        copied = {name: source[name] for name in student.state_dict()}
+        below_s = below_t = 0
+        for (prefix, k), (_, n) in zip(block_stacks(s), block_stacks(t)):
+            # 1 block stored when the teacher shares its layers
+            stored = len({name[len(prefix) + 1:].split(".")[0] for name in source if name.startswith(prefix + ".")})
+            for name in copied:
+                block = re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.(.*)", name)
+                if block:
+                    copied[name] = source[f"{prefix}.{(blocks[below_s + int(block[1])] - below_t) % stored}.{block[2]}"]
+            below_s, below_t = below_s + k, below_t + n
         student.load_state_dict(copied)
     return student
 
@@ -139,7 +187,7 @@ class Distiller(nn.Module):
     def __init__(self, student: TaskModel, teacher_width: int, kind: TaskType):
         super().__init__()
         self.student, self.kind = student, kind
-        width, layers = student.backbone.cfg.d_model, student.backbone.cfg.n_layers
+        width, layers = student.backbone.cfg.d_model, block_stacks(student.backbone.cfg)[-1][1]
         self.projections = nn.ModuleList(
             nn.Identity() if width == teacher_width else nn.Linear(width, teacher_width) for _ in range(layers))
 
@@ -153,17 +201,10 @@ class Distiller(nn.Module):
         (it is also scored on its own)."""
         student = self.student
         outputs, (_, states) = self.kind.forward(student, batch, output_hidden_states=True)
-        mask = sequence_mask(batch)
+        mask = self.kind.state_mask(batch)
         hidden = [self.projections[s - 1](states[s].float()) for s in hidden_layers]
         summary = [self.projections[s - 1](student.token_state(states[s], mask).float()) for s in summary_layers]
         return outputs.float(), hidden, summary
-
-
-def sequence_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(sequences, T) attention mask of the sequences the model runs: a multiple-choice batch's
-    (B, n_choices, T) flattened as its type's forward flattens it."""
-    mask = batch["attention_mask"]
-    return mask.flatten(0, 1) if mask.dim() == 3 else mask
 
 
 def hidden_loss(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
@@ -183,12 +224,12 @@ def patient_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def teacher_outputs(teacher: TaskModel, task: TaskData, examples: list, hidden_layers: list[int],
                     summary_layers: list[int], batch_size: int, pad_id: int, device: torch.device, impl: ImplConfig,
-                    context: Context = Context(), label: str = "distill: teacher") -> TeacherOutputs:
-    """The teacher's outputs on `examples` (of `task`'s type), its
-    states at `hidden_layers` (per real token) and its summary states at `summary_layers` (layers
-    1-based), in one forward pass over them. Per-token outputs are kept per example, cropped to its
-    length. Under torchrun each rank runs every world-th batch and every rank gets the whole.
-    Progress lines (`label`) count this rank's batches."""
+                    context: Context = Context(), label: str = "distill: teacher", top_k: int = 8) -> TeacherOutputs:
+    """The teacher's outputs on `examples` (of `task`'s type) as the type keeps them (top_k: see
+    DistillConfig), its states at `hidden_layers` (per position of Distilled.state_mask) and its summary
+    states at `summary_layers` (layers 1-based), in one forward pass over them. Under torchrun each rank
+    runs every world-th batch and every rank gets the whole. Progress lines (`label`) count this rank's
+    batches."""
     teacher.eval()
     kind = TYPES[task.type]
     precision = runtime.resolve_precision(impl.precision, device)
@@ -198,11 +239,10 @@ def teacher_outputs(teacher: TaskModel, task: TaskData, examples: list, hidden_l
     def outputs(group: list[int]) -> tuple[list[torch.Tensor], torch.Tensor | None, list[torch.Tensor]]:
         part = [examples[i] for i in group]
         batch = move(kind.collate(part, pad_id, task), device)
-        mask = sequence_mask(batch)
+        mask = kind.state_mask(batch)
         with runtime.autocast(device, precision):
             out, (_, states) = kind.forward(teacher, batch, output_hidden_states=True)
-        out = out.float().cpu()
-        logits = [row[:len(e.ids)] for row, e in zip(out, part)] if kind.per_token else list(out)
+        logits = kind.kept_outputs(out.float().cpu(), part, top_k)
         summary = torch.stack([teacher.token_state(states[layer], mask)
                                for layer in summary_layers], 1).float().cpu() if summary_layers else None
         # per sequence, its real tokens only; bf16 halves the memory (the losses compare in float32)
@@ -228,18 +268,18 @@ def teacher_outputs(teacher: TaskModel, task: TaskData, examples: list, hidden_l
             summary[rows] = group_summary
         for i, out in zip(group, group_logits):
             logits[i] = out
-    return TeacherOutputs(logits if kind.per_token else torch.stack(logits), hidden, summary)
+    return TeacherOutputs(logits, hidden, summary)
 
 
-def teacher_targets(cache: TeacherOutputs, rows: list[int], length: int) -> torch.Tensor:
-    """The cached outputs of examples `rows` as a batch: (B, n_outputs), or (B, T, n_outputs) padded with 0
-    to `length` positions for a per-token type."""
-    if isinstance(cache.logits, torch.Tensor):
-        return cache.logits[rows]
-    target = torch.zeros(len(rows), length, cache.logits[rows[0]].shape[-1])
-    for row, i in enumerate(rows):
-        target[row, :len(cache.logits[i])] = cache.logits[i]
-    return target
+def teacher_written(teacher: TaskModel, task: TaskData, examples: list, batch_size: int, pad_id: int,
+                    device: torch.device, impl: ImplConfig, context: Context, label: str) -> list:
+    """`examples` with the teacher's predictions as their targets (sequence-level KD, Kim & Rush 2016): for
+    seq2seq its generations, decoded as the task decodes (its beams, at most its longest train target)."""
+    progress = Progress(label, -(-len(examples) // batch_size // context.world), "batches",
+                        out=lambda line: distributed.say(context, line))
+    written = predict_all(teacher, task, examples, batch_size, pad_id, device, impl, context,
+                          on_batch=lambda: progress.tick(progress.done + 1))
+    return TYPES[task.type].with_targets(examples, written, task)
 
 
 def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: list[str],
@@ -261,8 +301,8 @@ def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: l
     if unlabeled and not isinstance(kind, UnlabeledTransfer):
         raise UserError(f"distill.unlabeled.{task.name}: {task.name} is {task.type}, which takes no unlabeled "
                         "transfer text")
-    blocks, layer_map = student_plan(cfg, teacher.backbone.cfg.n_layers)
-    k = cfg.layers
+    blocks, layer_map, below = student_layout(cfg, teacher.backbone.cfg)
+    k = len(layer_map)  # the layers of the student's stack whose states the losses compare
     # (student layer, teacher layer) pairs, 1-based
     hidden_pairs = [] if cfg.hidden_weight == 0 else (
         [(k, layer_map[-1])] if cfg.hidden_layers == "last" else list(zip(range(1, k + 1), layer_map)))
@@ -281,8 +321,11 @@ def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: l
     if fsdp:  # the backbone, whose forward gathers its shards (the TaskModel around it is not wrapped)
         distributed.shard(teacher.backbone, context)
     label = f"distill: {run_name(task.name, 'student', seed)}"
+    if cfg.targets == "teacher":
+        transfer = teacher_written(teacher, task, transfer, cfg.batch_size * 2, pad_id, device, impl, context,
+                                   f"{label} teacher writing the targets")
     cache = teacher_outputs(teacher, task, transfer, [t for _, t in hidden_pairs], [t for _, t in summary_pairs],
-                            cfg.batch_size * 2, pad_id, device, impl, context, f"{label} teacher labelling")
+                            cfg.batch_size * 2, pad_id, device, impl, context, f"{label} teacher labelling", cfg.top_k)
     teacher_scores = evaluate(teacher, task, metrics, cfg.batch_size * 2, pad_id, device, impl, context)[0]
     if not fsdp:  # a sharded teacher keeps its 1/world share where it is
         teacher.to("cpu")
@@ -314,8 +357,9 @@ def distill_task(teacher: TaskModel, task: TaskData, unlabeled: list, metrics: l
     result = DistillResult(
         task.name, teacher_scores, student_scores, confusion, state.best_epoch, state.history,
         round(state.seconds + time.perf_counter() - scoring_started, 1), teacher_seconds,
-        {"labeled": task.size("train"), "unlabeled": len(unlabeled)}, blocks, layer_map, parameter_count(student),
-        teacher_params)
+        {"labeled": task.size("train"), "unlabeled": len(unlabeled),
+         **({"teacher_targets": len(transfer)} if cfg.targets == "teacher" else {})},
+        blocks, [below + layer for layer in layer_map], parameter_count(student), teacher_params)
     return result, distributed.to_cpu(student.eval(), context)
 
 
@@ -355,12 +399,12 @@ def train_epoch(synced: nn.Module, task: TaskData, transfer: list, cache: Teache
         n = len(group)
         mine, scale = context.part(group)
         batch = move(kind.collate([transfer[i] for i in mine], pad_id, task), device)
-        mask = sequence_mask(batch)
+        mask = kind.state_mask(batch)
         with runtime.autocast(device, precision):
             outputs, hidden, summary = synced(batch, [s for s, _ in hidden_pairs], [s for s, _ in summary_pairs])
         units = distributed.part_weight(sum(kind.units(transfer[i]) for i in mine),
                                         sum(kind.units(transfer[i]) for i in group), scale)
-        target = teacher_targets(cache, mine, outputs.shape[1]).to(device)
+        target = kind.batch_targets([cache.logits[i] for i in mine], outputs.shape[1]).to(device)
         terms = {"soft": kind.soft_loss(outputs, target, batch, cfg.temperature) * units}
         labeled = [row for row, i in enumerate(mine) if is_labeled(transfer[i])]
         n_labeled = sum(kind.units(transfer[i]) for i in group if is_labeled(transfer[i]))

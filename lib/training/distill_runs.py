@@ -22,7 +22,7 @@ from lib.serving.model_card import write_model_card
 from lib.tasks import saved_type, task_metrics, task_type
 from lib.tasks.base import text_hash
 from lib.tasks.model import TaskModel, card_facts
-from lib.training.distill import DistillResult, distill_task
+from lib.training.distill import DistillResult, distill_task, student_depths
 from lib.training.finetune import run_name
 
 STUDENT, RESULT = "student", "result.json"  # in a task's folder: the student model, the run's result
@@ -85,7 +85,9 @@ def distill_once(name: str, task_cfg: TaskConfig, teacher: TaskModel, info: dict
                         "layer_map": result.layer_map}}
     with model_folder(task_dir / STUDENT, teacher_dir) as tmp:
         line = kind.write_model(student, tmp, meta)
+        depths = student_depths(params.distill, teacher.backbone.cfg)
         card = {"transformers": line, **card_facts(kind), "params": result.student_params,
+                "student_layers": list(depths.values()),
                 "best_epoch": result.best_epoch, "teacher_scores": result.teacher, "transfer": result.transfer,
                 "examples": {split: task.size(split) for split in ("train", "dev", "eval")}}
         write_model_card(tmp, "distill", params, {**meta, **card}, upstream=teacher_dir)
