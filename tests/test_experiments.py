@@ -242,6 +242,9 @@ def test_an_encoder_decoder_objective_runs_the_chain_and_travels_as_a_t5(reprodu
     report = (repo / "reports/summary.md").read_text()
     assert "| teacher (best finetuned) | test | 4 beams, length penalty 1 | 24 |" in report
     assert "| copying the source (a summary: its first 3 sentences) | " in report  # learns nothing: no count
+    timed = evaluated["multi30k_en_de"]["efficiency"]["student"]["cpu"]
+    written = timed["tokens_per_s"] / timed["throughput"]  # the tokens each timed source writes
+    assert written == pytest.approx(round(written)) and written >= 1 and "tokens written/s" in report
     # the translator travels as a T5 too: transformers writes what ours writes
     from lib.models.generation import Decoding, generate
     folder = repo / "models/finetune/multi30k_en_de"

@@ -74,18 +74,20 @@ def throughput(model: TaskModel, seq_len: int, device: str | torch.device, *, ba
 
 
 def profile(model: TaskModel, folder: str | Path, *, seq_len: int, repeats: int, throughput_batch: int,
-            latency_batch: int = 1, call: Callable[..., object] | None = None) -> dict:
+            latency_batch: int = 1, call: Callable[..., object] | None = None,
+            written_tokens: int | None = None) -> dict:
     """Size (parameters, bytes of `folder`'s weights) and speed on CPU, and on the GPU when there is one:
     latency of a call of `latency_batch` sequences (1: one request; a multiple-choice question is one
     call over its choices) and throughput in sequences/s over batches of `throughput_batch`, all of
-    `seq_len` tokens, each call `call` (as latency). The model is left on the CPU."""
+    `seq_len` tokens, each call `call` (as latency); where a call writes `written_tokens` per sequence
+    (generation), also the tokens written per second. The model is left on the CPU."""
     figures = {"params": parameter_count(model), "disk_bytes": size_on_disk(folder)}
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
         timing = latency(model, seq_len, device, batch_size=latency_batch, repeats=repeats, call=call)
-        figures[device] = {**timing, "throughput": throughput(model, seq_len, device, batch_size=throughput_batch,
-                                                              call=call),
-                           "batch": throughput_batch, "seq_len": seq_len,
+        sequences = throughput(model, seq_len, device, batch_size=throughput_batch, call=call)
+        figures[device] = {**timing, "throughput": sequences, "batch": throughput_batch, "seq_len": seq_len,
+                           **({"tokens_per_s": sequences * written_tokens} if written_tokens else {}),
                            "threads": torch.get_num_threads() if device == "cpu" else None,
                            **({"latency_batch": latency_batch} if latency_batch != 1 else {})}
     model.to("cpu")

@@ -135,7 +135,8 @@ def evaluate_task(name: str, task_cfg: TaskConfig, models: dict[str, Path], fine
         print(f"{name}: timing {', '.join(loaded)}: {result.timed}", flush=True)
     result.efficiency = {role: profile(model, models[role], seq_len=cfg.latency_seq_len,
                                        repeats=cfg.latency_repeats, throughput_batch=cfg.throughput_batch,
-                                       latency_batch=latency_batch, call=kind.timed_call(model, task))
+                                       latency_batch=latency_batch, call=kind.timed_call(model, task),
+                                       written_tokens=kind.written_tokens(task))
                          for role, (model, _) in loaded.items()}
     if onnx:
         print(f"{name}: timing {', '.join(onnx)} in ONNX Runtime", flush=True)

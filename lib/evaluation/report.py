@@ -181,14 +181,17 @@ def markdown(results: dict[str, TaskEvaluation], figures: list[str], variants: M
         efficiency, onnx = r.efficiency, r.onnx or {}
         if efficiency:
             typed = not onnx  # not served: timed per call as `timed` says, no ONNX Runtime
+            written = "tokens_per_s" in next(iter(efficiency.values()))["cpu"]  # a generation's
             lines += [f"| model | parameters | size on disk | CPU p50 / p95 ms ({'per call' if typed else 'batch 1'}) | "
                       f"CPU sequences/s (batch {next(iter(efficiency.values()))['cpu']['batch']}) |"
+                      + (" CPU tokens written/s (same batches) |" if written else "")
                       + ("" if typed else " ONNX Runtime CPU p50 / p95 ms (batch 1) |"),
-                      "|---|---:|---:|---:|---:|" + ("" if typed else "---:|")]
+                      "|---|---:|---:|---:|---:|" + ("---:|" if written else "") + ("" if typed else "---:|")]
             for role, e in efficiency.items():
                 cpu = e["cpu"]
                 lines.append(f"| {ROLES.get(role, role)} | {e['params']:,} | {e['disk_bytes'] / 1e6:.1f} MB | "
                              f"{cpu['p50_ms']:.1f} / {cpu['p95_ms']:.1f} | {cpu['throughput']:.0f} |"
+                             + (f" {cpu['tokens_per_s']:.0f} |" if written else "")
                              + ("" if typed else f" {onnx_milliseconds(onnx.get(role))} |"))
             if "student_int8" in onnx:  # the student's parameters, stored as int8 in its ONNX file
                 int8 = onnx["student_int8"]

@@ -342,6 +342,11 @@ class TaskType:
         (lib.evaluation.efficiency): its forward pass, by default; a type that generates generates."""
         return model
 
+    def written_tokens(self, task: TaskData) -> int | None:
+        """The tokens one timed call writes per sequence, for a type that generates; None for one that
+        writes none."""
+        return None
+
     def latency_batch(self, info: dict[str, Any]) -> int:
         """The sequences one timed call runs (multiple choice: every choice of a question)."""
         return 1

@@ -321,9 +321,12 @@ class Seq2Seq(Distilled, Baselined, Reported, TaskType):
         """A generation of the task's decoding of as many tokens as the mean training target, whatever the
         model writes: the same work on every call, so the time is the model's and the lengths', not its
         random source's (a random source may end at once)."""
-        timed = decoding(task, round(statistics.fmean(len(e.target) for e in task.train)))
+        timed = decoding(task, self.written_tokens(task))
         return lambda input_ids, segment_ids, attention_mask: generate(model.backbone, input_ids, attention_mask,
                                                                        timed, eos=None)
+
+    def written_tokens(self, task: TaskData) -> int:
+        return round(statistics.fmean(len(e.target) for e in task.train))
 
     def score(self, task: TaskData, split: str, predictions: list[list[int]], metrics: list[str],
               calibration: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, Any]]:
