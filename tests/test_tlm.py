@@ -183,8 +183,11 @@ def test_languages_and_pairs_stop_at_start_without_each_other():
     parallel = dataclasses.replace(tiny_params().corpora, parallel={"en_de": ParallelCorpusConfig(
         source="unused", languages=["en", "de"])})
     with pytest.raises(ParamsError, match=r"^corpora.parallel: its text of several languages trains with objective: "
-                                          r"mlm, tlm \(which read each token's language\), not clm"):
+                                          r"mlm, tlm, bart, t5 \(which read each token's language, or each side as "
+                                          r"text\), not clm"):
         check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual(), corpora=parallel))
+    for objective in ("t5", "bart"):  # each side a text of its own, as mBART denoises every language it translates
+        check_objective(dataclasses.replace(tiny_params(), objective=objective, model=bilingual(), corpora=parallel))
     check_objective(dataclasses.replace(tiny_params(), objective="clm", model=bilingual()))  # no pairs: fine
     with pytest.raises(ParamsError, match=r"^tlm.pair_batch: 0 must be >= 1"):
         TLMConfig(pair_batch=0).validate("tlm")

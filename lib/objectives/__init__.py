@@ -50,11 +50,12 @@ def check_objective(params: Params) -> None:
         able = ", ".join(name for name, cls in OBJECTIVES.items() if cls.sentence_task)
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} needs objective: {able} and model.segment_vocab >= 2 "
                           f"(they are {params.objective} and {params.model.segment_vocab}); set mlm.sentence: none")
-    if params.corpora.parallel and params.objective not in reading("language_ids"):
-        able = ", ".join(reading("language_ids"))
+    # an encoder-decoder has no language embeddings: it reads each side as text of its own (mBART's way)
+    if params.corpora.parallel and params.objective not in reading("language_ids") and not objective.encoder_decoder:
+        able = ", ".join([*reading("language_ids"), *(n for n, cls in OBJECTIVES.items() if cls.encoder_decoder)])
         raise ParamsError(f"corpora.parallel: its text of several languages trains with objective: {able} (which "
-                          f"read each token's language), not {params.objective}; change the objective or set "
-                          "corpora.parallel: {}")
+                          f"read each token's language, or each side as text), not {params.objective}; change the "
+                          "objective or set corpora.parallel: {}")
     if params.corpora.parallel and params.mlm.sentence != "none":
         raise ParamsError(f"mlm.sentence: {params.mlm.sentence} with corpora.parallel (XLM) is not supported; "
                           "set mlm.sentence: none")
