@@ -38,12 +38,10 @@ from lib.data.encoding import batch_indices  # noqa: E402
 from lib.data.tokenizer import saved_special_ids, train_tokenizer  # noqa: E402
 from lib.models.architectures import build_model  # noqa: E402
 from lib.models.architectures.encoder_decoder import SHAPES, seq2seq_config  # noqa: E402
-from lib.tasks import TYPES  # noqa: E402
 from lib.tasks.base import TaskData  # noqa: E402
-from lib.tasks.seq2seq import Example, Seq2SeqModel, encode, read_rows  # noqa: E402
+from lib.tasks.seq2seq import TYPE as KIND, Example, Seq2SeqModel, encode, read_rows  # noqa: E402
 
 SIZES = ModelConfig(d_model=256, n_layers=4, n_heads=4, d_ff=1024, dropout=0.1, max_positions=512)
-KIND = TYPES["seq2seq"]
 
 
 def pairs(folder: Path, split: str) -> list[dict[str, str]]:
@@ -108,10 +106,10 @@ def main() -> None:
         special = saved_special_ids(folder)
 
     def encode_rows(rows: list[dict[str, str]]) -> list[Example]:
-        return encode(read_rows(rows, TaskConfig(source="unused", type="seq2seq"), "--data")[0], tokenizer,
+        return encode(read_rows(rows, TaskConfig(source="unused", type=KIND.name), "--data")[0], tokenizer,
                       special["eos"], 64, 64)[0]
 
-    task = TaskData("multi30k_en_de", [], encode_rows(train), [], None, "", {}, {}, type="seq2seq", special=special)
+    task = TaskData("multi30k_en_de", [], encode_rows(train), [], None, "", {}, {}, type=KIND.name, special=special)
     held_out = encode_rows(validation[:256])
     print(f"{len(task.train):,} training pairs, {len(held_out)} held out, {tokenizer.get_vocab_size():,} tokens, "
           f"{args.steps} steps of {args.batch}, warmup {args.warmup}, {args.precision}, {args.threads} threads")
